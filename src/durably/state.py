@@ -1,0 +1,328 @@
+"""The run state: everything a later process needs to carry a run on.
+
+Records are msgspec Structs encoded as JSON with defaults omitted, so an unset
+field stays absent on disk and loads as absent (never as an empty value a
+provider client would send back). Tool-call arguments are kept as the raw string
+the model produced: a run whose model emitted invalid JSON must still save.
+
+The format is versioned. ``FORMAT`` is the newest this code writes;
+:func:`decode_state` migrates older formats step by step and refuses newer ones.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from .errors import CheckpointCorrupt, CheckpointTooNew
+
+__all__ = [
+    "FORMAT",
+    "Approval",
+    "AssistantMessage",
+    "AttemptMarker",
+    "Decision",
+    "Effect",
+    "Fingerprint",
+    "Message",
+    "Phase",
+    "Resolution",
+    "RunState",
+    "ToolCall",
+    "ToolPrint",
+    "ToolResult",
+    "Usage",
+    "UserMessage",
+    "decode_state",
+    "encode_state",
+    "utcnow",
+]
+
+FORMAT = 1
+"""The newest state format this code reads and writes."""
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class Phase(enum.StrEnum):
+    """The loop's next move. Values are stable on disk."""
+
+    MODEL = "model"
+    TOOLS = "tools"
+    PAUSED = "paused"
+    DONE = "done"
+
+
+class Effect(enum.StrEnum):
+    """What a tool does to the world, which decides how an in-doubt call is resolved."""
+
+    READ = "read"
+    """Only reads; rerun freely, no attempt marker."""
+    IDEMPOTENT = "idempotent"
+    """A repeat is harmless (an overwrite with the same content); rerun."""
+    KEYED = "keyed"
+    """Sends the idempotency key and the service deduplicates; rerun while the key is live."""
+    WRITE = "write"
+    """Changes something with no key; a crash leaves it to the lookup or a person."""
+
+
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Tokens a model call (or a whole run) consumed."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        """Every token counted, in and out."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+
+class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """One tool call in a model reply."""
+
+    id: str
+    """The model's call ID, unique within the run."""
+    name: str
+    arguments: str
+    """The raw argument string the model produced; parsed only when the tool runs."""
+
+
+class UserMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag="user"):
+    """A message from the user: the task, or a note the harness adds."""
+
+    text: str
+
+
+class AssistantMessage(
+    msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag="assistant"
+):
+    """One model reply, saved before any of its calls runs (save point 2)."""
+
+    text: str | None = None
+    calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    dollars: float = 0.0
+    model: str | None = None
+    """The model that produced the reply, as the provider named it."""
+    turn: int = 0
+    """The turn this reply answered, counting from 1."""
+
+
+class ToolResult(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag="tool"):
+    """The answer to one tool call, as the model will see it."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+Message = UserMessage | AssistantMessage | ToolResult
+
+
+class AttemptMarker(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Saved just before a call that can change something: "this call may have acted"."""
+
+    key: str
+    """The call's idempotency key."""
+    tool: str
+    started_at: datetime
+    intended: dict[str, str] = {}
+    """Workspace path -> SHA-256 each file will have if the call completes."""
+
+
+class Approval(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """A call waiting for a person's decision."""
+
+    call_id: str
+    tool: str
+    arguments: str
+    asked_at: datetime
+
+
+class Decision(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """A person's (or policy's) answer to an approval question."""
+
+    approved: bool
+    reason: str | None = None
+    decided_at: datetime | None = None
+
+
+class Resolution(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """How the ladder resolved one in-doubt call."""
+
+    step: int
+    """1 = rerun, 2 = lookup, 3 = a person."""
+    outcome: str
+    """``rerun``, ``found``, ``not-found``, ``done`` (a person supplied the result)."""
+    detail: str | None = None
+
+
+class ToolPrint(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What a tool was when the run started: enough to notice a changed meaning."""
+
+    name: str
+    effect: Effect
+    schema_sha256: str
+    needs_approval: bool = False
+
+
+class Fingerprint(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What the run was started with; resuming with something else is ``AgentChanged``."""
+
+    model: str
+    system_sha256: str
+    tools: tuple[ToolPrint, ...] = ()
+
+
+class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Everything a later process needs to carry a run on."""
+
+    format: int = FORMAT
+    run_id: str
+    task: str
+    created_at: datetime
+    phase: Phase = Phase.MODEL
+    messages: list[Message] = []
+    """The conversation after the summary: user, assistant replies, tool results."""
+    summary: str | None = None
+    """The context policy's summary of history dropped from ``messages``."""
+    summarized: int = 0
+    """How many messages the summary replaced."""
+    usage: Usage = Usage()
+    """Tokens used over the run's whole life, across every process."""
+    dollars: float = 0.0
+    turns: int = 0
+    """Model replies saved so far."""
+    resumes: int = 0
+    """Times the run was opened for resume."""
+    pending: dict[str, Approval] = {}
+    """Calls waiting for a person, by call ID."""
+    decisions: dict[str, Decision] = {}
+    """Approval decisions already made for the current reply, by call ID."""
+    markers: dict[str, AttemptMarker] = {}
+    """Attempt markers of calls that may have acted, by call ID."""
+    resolutions: dict[str, Resolution] = {}
+    """How the ladder settled in-doubt calls, by call ID; kept for the run's life."""
+    workspace: dict[str, str] = {}
+    """Path -> SHA-256 of every file the run wrote."""
+    fingerprint: Fingerprint | None = None
+    answer: str | None = None
+    stop_reason: str | None = None
+    """Why the run stopped: ``answered``, or the limit or error that stopped it."""
+    saved_at: datetime | None = None
+    """When the state was last saved; set by the store."""
+
+    def last_reply(self) -> AssistantMessage | None:
+        """The newest model reply, or None before the first."""
+        for message in reversed(self.messages):
+            if isinstance(message, AssistantMessage):
+                return message
+        return None
+
+    def answered(self) -> dict[str, ToolResult]:
+        """Results already given to the newest reply's calls, by call ID."""
+        results: dict[str, ToolResult] = {}
+        for message in reversed(self.messages):
+            if isinstance(message, AssistantMessage):
+                break
+            if isinstance(message, ToolResult):
+                results[message.call_id] = message
+        return results
+
+    def unanswered(self) -> list[ToolCall]:
+        """The newest reply's calls that have no result yet, in the reply's order."""
+        reply = self.last_reply()
+        if reply is None:
+            return []
+        done = self.answered()
+        return [call for call in reply.calls if call.id not in done]
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(RunState)
+_probe = msgspec.json.Decoder(dict[str, Any])
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+
+MIGRATIONS: dict[int, Migration] = {}
+"""Format N -> a function turning a decoded format-N document into format N+1."""
+
+
+def encode_state(state: RunState) -> bytes:
+    """Encode a state as compact JSON with defaults omitted."""
+    return _encoder.encode(state)
+
+
+def decode_state(data: bytes, *, path: str = "<memory>") -> RunState:
+    """Decode a state, migrating older formats and refusing newer ones.
+
+    Raises:
+        CheckpointCorrupt: the bytes are not a run state.
+        CheckpointTooNew: the state was written by a newer durably.
+    """
+    try:
+        return _decode_current(data)
+    except msgspec.ValidationError as exc:
+        first_error: Exception = exc
+    except msgspec.DecodeError as exc:
+        raise CheckpointCorrupt(path=path, reason=f"not JSON: {exc}") from exc
+    # The strict decoder refused it: find out whether it is an older or newer format.
+    try:
+        document = _probe.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CheckpointCorrupt(path=path, reason=f"not a JSON object: {exc}") from exc
+    found = document.get("format", FORMAT)
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise CheckpointCorrupt(path=path, reason=f"format is {found!r}, not an integer")
+    if found > FORMAT:
+        raise CheckpointTooNew(path=path, found=found, known=FORMAT)
+    if found == FORMAT:
+        raise CheckpointCorrupt(path=path, reason=str(first_error)) from first_error
+    return migrate(document, path=path)
+
+
+def migrate(document: dict[str, Any], *, path: str = "<memory>") -> RunState:
+    """Bring a decoded document of an older format up to ``FORMAT``."""
+    found = document.get("format", FORMAT)
+    while found < FORMAT:
+        step = MIGRATIONS.get(found)
+        if step is None:
+            raise CheckpointCorrupt(path=path, reason=f"no migration from format {found}")
+        document = step(document)
+        found = document["format"]
+    try:
+        return msgspec.convert(document, RunState)
+    except msgspec.ValidationError as exc:
+        raise CheckpointCorrupt(path=path, reason=f"after migration: {exc}") from exc
+
+
+def _decode_current(data: bytes) -> RunState:
+    state = _decoder.decode(data)
+    if state.format != FORMAT:
+        # A document of another format may still parse; send it down the slow path.
+        raise msgspec.ValidationError(f"format {state.format}")
+    return state

@@ -1,0 +1,372 @@
+"""The snapshot file store: one JSON file per run, replaced whole on every save.
+
+Layout of the state directory (mode 0700)::
+
+    <run>.json     the run's state in a checksummed envelope (0600)
+    <run>.lock     flock'ed by the process that owns the run (0600); never deleted
+    .<run>.<random>.tmp   a save in progress; removed on the next open
+
+Every save follows the crash-atomic protocol: write a temp file in the same
+directory (created 0600 with ``O_EXCL|O_NOFOLLOW``), fsync it, rename it over the
+run's file, fsync the directory. At any instant the disk holds the old state or
+the new one. A failed fsync means the save failed: the descriptor is never
+synced again and the handle refuses further saves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self, TypeVar
+
+from .. import faults
+from .._sysio import FileSystem, filesystem_type, is_network_fs, is_regular
+from ..errors import (
+    CheckpointCorrupt,
+    Locked,
+    RunExists,
+    RunNotFound,
+    SaveFailed,
+    UnsafePath,
+)
+from ..keys import validate_run_id
+from ..state import RunState, utcnow
+from ._envelope import open_envelope, seal
+
+__all__ = ["FileRun", "FileStore"]
+
+log = logging.getLogger("durably.store")
+
+_T = TypeVar("_T")
+_NOFOLLOW = os.O_NOFOLLOW
+_STATE_SUFFIX = ".json"
+_LOCK_SUFFIX = ".lock"
+
+
+class FileStore:
+    """Runs as JSON snapshot files in one directory on a local disk.
+
+    Args:
+        directory: the state directory; created (0700) and synced into its parent if missing.
+        sync: fsync files and the directory. Turn off only in tests that do not
+            care about power loss; a crash of the process alone is still safe.
+        fs: the system-call seam (tests inject faults through it).
+        allow_network_fs: use a network file system anyway, where ``flock`` may
+            not exclude a process on another machine.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        sync: bool = True,
+        fs: FileSystem | None = None,
+        allow_network_fs: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.sync = sync
+        self.fs = fs or FileSystem()
+        self.allow_network_fs = allow_network_fs
+        self._dir_fd: int | None = None
+
+    # -- the Store protocol ------------------------------------------------------------
+
+    async def create(self, state: RunState) -> FileRun:
+        """Claim a new run ID, save its first state, and own it (``RunExists`` if used before)."""
+        return await asyncio.to_thread(self.create_sync, state)
+
+    async def open(self, run_id: str) -> tuple[FileRun, RunState]:
+        """Own an existing run and load its state (``Locked`` at once if owned elsewhere)."""
+        return await asyncio.to_thread(self.open_sync, run_id)
+
+    async def read(self, run_id: str) -> RunState:
+        """Load a run's state without taking its lock."""
+        return await asyncio.to_thread(self.read_sync, run_id)
+
+    async def list_runs(self) -> list[str]:
+        """The IDs of every run with a state file, sorted."""
+        return await asyncio.to_thread(self.list_runs_sync)
+
+    def describe(self, run_id: str) -> str:
+        """The path of the run's state file."""
+        return str(self.directory / (run_id + _STATE_SUFFIX))
+
+    # -- synchronous core (also used by the sweep and the power-loss model) -----------
+
+    def create_sync(self, state: RunState) -> FileRun:
+        """Blocking form of :meth:`create`."""
+        run_id = validate_run_id(state.run_id)
+        dir_fd = self._directory_fd()
+        try:
+            lock_fd = self.fs.open(
+                run_id + _LOCK_SUFFIX,
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
+                0o600,
+                dir_fd=dir_fd,
+            )
+        except FileExistsError as exc:
+            raise RunExists(run_id=run_id) from exc
+        except OSError as exc:
+            raise self._translate(exc, run_id + _LOCK_SUFFIX, run_id) from exc
+        if not self.fs.lock(lock_fd):
+            self.fs.close(lock_fd)
+            raise Locked(run_id=run_id, path=self._path(run_id + _LOCK_SUFFIX))
+        handle = FileRun(self, run_id, lock_fd)
+        if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is not None:
+            handle.close_sync()
+            raise RunExists(run_id=run_id)
+        try:
+            handle.save_sync(state)
+        except BaseException:
+            handle.close_sync()
+            raise
+        return handle
+
+    def open_sync(self, run_id: str) -> tuple[FileRun, RunState]:
+        """Blocking form of :meth:`open`."""
+        validate_run_id(run_id)
+        dir_fd = self._directory_fd()
+        lock_name = run_id + _LOCK_SUFFIX
+        if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is None:
+            self._refuse_symlink(lock_name, dir_fd)
+            raise RunNotFound(run_id=run_id, where=str(self.directory))
+        try:
+            # No O_CREAT: a run whose lock file is gone was not made by this store.
+            lock_fd = self.fs.open(lock_name, os.O_RDWR | _NOFOLLOW, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise self._translate(exc, lock_name, run_id) from exc
+        if not self.fs.lock(lock_fd):
+            self.fs.close(lock_fd)
+            raise Locked(run_id=run_id, path=self._path(lock_name))
+        handle = FileRun(self, run_id, lock_fd)
+        try:
+            self._remove_temp_files(run_id, dir_fd)
+            state = self._load(run_id, dir_fd)
+        except BaseException:
+            handle.close_sync()
+            raise
+        return handle, state
+
+    def read_sync(self, run_id: str) -> RunState:
+        """Blocking form of :meth:`read`."""
+        validate_run_id(run_id)
+        return self._load(run_id, self._directory_fd())
+
+    def list_runs_sync(self) -> list[str]:
+        """Blocking form of :meth:`list_runs`."""
+        if not self.directory.exists():
+            return []
+        names = self.fs.listdir(self._directory_fd())
+        return sorted(
+            name[: -len(_STATE_SUFFIX)]
+            for name in names
+            if name.endswith(_STATE_SUFFIX) and not name.startswith(".")
+        )
+
+    def close(self) -> None:
+        """Close the directory descriptor (handles keep their own lock descriptors)."""
+        if self._dir_fd is not None:
+            self.fs.close(self._dir_fd)
+            self._dir_fd = None
+
+    # -- internals --------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return str(self.directory / name)
+
+    def _directory_fd(self) -> int:
+        if self._dir_fd is None:
+            self._dir_fd = self._open_directory()
+        return self._dir_fd
+
+    def _open_directory(self) -> int:
+        path = str(self.directory)
+        if not self.directory.exists() and not self.directory.is_symlink():
+            self._make_directory()
+        try:
+            fd = self.fs.open_dir(path)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafePath(path=path, reason="not a directory (or a symlink)") from exc
+            raise SaveFailed(run_id="-", path=path, reason=os.strerror(exc.errno or 0)) from exc
+        fs_type = filesystem_type(path)
+        if is_network_fs(fs_type) and not self.allow_network_fs:
+            self.fs.close(fd)
+            raise UnsafePath(
+                path=path,
+                reason=f"it is on a network file system ({fs_type}) where flock does not "
+                "exclude other machines; use PostgresStore, or allow_network_fs=True "
+                "if only one machine uses it",
+            )
+        return fd
+
+    def _make_directory(self) -> None:
+        """Create the state directory (0700) and sync it into its parent."""
+        parent = self.directory.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.fs.mkdir(str(self.directory), 0o700)
+        except FileExistsError:
+            return
+        os.chmod(self.directory, 0o700, follow_symlinks=False)  # undo a umask that removed bits
+        if self.sync:
+            parent_fd = self.fs.open_dir(str(parent))
+            try:
+                self.fs.fsync(parent_fd)
+            finally:
+                self.fs.close(parent_fd)
+
+    def _refuse_symlink(self, name: str, dir_fd: int) -> None:
+        info = self.fs.lstat(name, dir_fd=dir_fd)
+        if info is not None and not is_regular(info):
+            raise UnsafePath(path=self._path(name), reason="it is not a regular file")
+
+    def _remove_temp_files(self, run_id: str, dir_fd: int) -> None:
+        prefix = f".{run_id}."
+        for name in self.fs.listdir(dir_fd):
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                self.fs.unlink(name, dir_fd=dir_fd)
+                log.info("removed %s left by a save that never finished", name)
+
+    def _load(self, run_id: str, dir_fd: int) -> RunState:
+        name = run_id + _STATE_SUFFIX
+        path = self._path(name)
+        try:
+            fd = self.fs.open(name, os.O_RDONLY | _NOFOLLOW, 0, dir_fd=dir_fd)
+        except FileNotFoundError as exc:
+            raise RunNotFound(run_id=run_id, where=str(self.directory)) from exc
+        except OSError as exc:
+            raise self._translate(exc, name, run_id) from exc
+        try:
+            info = os.fstat(fd)
+            if not is_regular(info):
+                raise UnsafePath(path=path, reason="it is not a regular file")
+            data = self.fs.read(fd)
+        finally:
+            self.fs.close(fd)
+        state = open_envelope(data, path=path)
+        if state.run_id != run_id:
+            raise CheckpointCorrupt(
+                path=path, reason=f"it holds run {state.run_id!r}, not {run_id!r}"
+            )
+        return state
+
+    def _translate(self, exc: OSError, name: str, run_id: str) -> Exception:
+        path = self._path(name)
+        if exc.errno == errno.ELOOP:
+            return UnsafePath(path=path, reason="it is a symlink")
+        return SaveFailed(run_id=run_id, path=path, reason=os.strerror(exc.errno or 0))
+
+
+class FileRun:
+    """Ownership of one run in a :class:`FileStore`: holds its flock until closed."""
+
+    def __init__(self, store: FileStore, run_id: str, lock_fd: int) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._lock_fd: int | None = lock_fd
+        self._broken: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The run this handle owns."""
+        return self._run_id
+
+    async def save(self, state: RunState) -> None:
+        """Make ``state`` the run's durable state (crash-atomic; see the module docstring)."""
+        await asyncio.to_thread(self.save_sync, state)
+
+    async def close(self) -> None:
+        """Release the lock (the lock file stays: deleting it would race a new opener)."""
+        await asyncio.to_thread(self.close_sync)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def close_sync(self) -> None:
+        """Blocking form of :meth:`close`."""
+        if self._lock_fd is not None:
+            self._store.fs.close(self._lock_fd)
+            self._lock_fd = None
+
+    def save_sync(self, state: RunState) -> None:
+        """Blocking form of :meth:`save`."""
+        if self._lock_fd is None:
+            raise SaveFailed(
+                run_id=self._run_id, path=self._store.describe(self._run_id), reason="closed"
+            )
+        if self._broken is not None:
+            raise SaveFailed(
+                run_id=self._run_id,
+                path=self._store.describe(self._run_id),
+                reason=f"an earlier save failed ({self._broken}); reopen the run",
+            )
+        state.saved_at = utcnow()
+        data = seal(state)
+        store, fs = self._store, self._store.fs
+        dir_fd = store._directory_fd()
+        name = self._run_id + _STATE_SUFFIX
+        store._refuse_symlink(name, dir_fd)
+        temp = f".{self._run_id}.{secrets.token_hex(8)}.tmp"
+        fd = self._step(
+            lambda: fs.open(
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd
+            ),
+            temp,
+        )
+        renamed = False
+        try:
+            try:
+                self._step(lambda: fs.write(fd, data), temp)
+                faults.point("store.save.temp_written")
+                if store.sync:
+                    self._step(lambda: fs.fsync(fd), temp)
+                faults.point("store.save.temp_synced")
+            finally:
+                fs.close(fd)
+            self._step(lambda: fs.rename(temp, name, dir_fd=dir_fd), name)
+            renamed = True
+            faults.point("store.save.renamed")
+            if store.sync:
+                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+            faults.point("store.save.dir_synced")
+        finally:
+            if not renamed:
+                self._discard(temp, dir_fd)
+
+    def _step(self, action: Callable[[], _T], name: str, *, fatal: bool = False) -> _T:
+        """Run one system call of a save, turning its failure into ``SaveFailed``.
+
+        A failed directory fsync (``fatal``) breaks the handle and drops the
+        directory descriptor: the kernel may already have dropped the dirty
+        pages and cleared the error, so syncing the same descriptor again and
+        trusting the answer would claim durability that does not exist. (A failed
+        fsync of a temp file needs no such care: that file is discarded.)
+        """
+        try:
+            return action()
+        except OSError as exc:
+            reason = f"{os.strerror(exc.errno or 0)} on {name}"
+            if fatal:
+                self._broken = reason
+                self._store.close()
+            if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
+                path = self._store._path(name)
+                raise UnsafePath(path=path, reason="something is in the way") from exc
+            raise SaveFailed(
+                run_id=self._run_id, path=self._store.describe(self._run_id), reason=reason
+            ) from exc
+
+    def _discard(self, temp: str, dir_fd: int) -> None:
+        try:
+            self._store.fs.unlink(temp, dir_fd=dir_fd)
+        except OSError:
+            log.warning("could not remove %s; it will be removed on the next open", temp)
