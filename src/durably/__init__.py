@@ -2,6 +2,17 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .approval import DEFER as DEFER
+from .approval import ApprovalRequest as ApprovalRequest
+from .approval import Approver as Approver
+from .approval import Done as Done
+from .approval import No as No
+from .approval import PolicyApprover as PolicyApprover
+from .approval import Rerun as Rerun
+from .approval import ResolveRequest as ResolveRequest
+from .approval import ScriptedApprover as ScriptedApprover
+from .approval import TerminalApprover as TerminalApprover
+from .approval import Yes as Yes
 from .errors import AgentChanged as AgentChanged
 from .errors import ApprovalUnavailable as ApprovalUnavailable
 from .errors import CheckpointCorrupt as CheckpointCorrupt
@@ -24,11 +35,30 @@ from .errors import UnsafePath as UnsafePath
 from .errors import WorkspaceChanged as WorkspaceChanged
 from .keys import idempotency_key as idempotency_key
 from .keys import new_run_id as new_run_id
+from .loop import Agent as Agent
+from .loop import ContextPolicy as ContextPolicy
+from .loop import Event as Event
+from .loop import Limits as Limits
+from .loop import Outcome as Outcome
+from .models import Call as Call
+from .models import CallLog as CallLog
+from .models import Model as Model
+from .models import ModelRequest as ModelRequest
+from .models import Price as Price
+from .models import Reply as Reply
+from .models import ScriptedModel as ScriptedModel
 from .state import Effect as Effect
 from .state import Phase as Phase
 from .state import RunState as RunState
 from .state import Usage as Usage
 from .stores.file import FileStore as FileStore
+from .tools import NOT_FOUND as NOT_FOUND
+from .tools import UNKNOWN as UNKNOWN
+from .tools import Found as Found
+from .tools import Lookup as Lookup
+from .tools import Tool as Tool
+from .tools import ToolContext as ToolContext
+from .tools import tool as tool
 from .workspace import Workspace as Workspace
 
 try:
@@ -37,32 +67,62 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0"
 
 __all__ = [
+    "DEFER",
+    "NOT_FOUND",
+    "UNKNOWN",
+    "Agent",
     "AgentChanged",
+    "ApprovalRequest",
     "ApprovalUnavailable",
+    "Approver",
+    "Call",
+    "CallLog",
     "CheckpointCorrupt",
     "CheckpointTooNew",
+    "ContextPolicy",
     "DollarLimit",
+    "Done",
     "DurablyError",
     "Effect",
+    "Event",
     "FileStore",
+    "Found",
     "InvalidRunId",
     "LeaseLost",
     "LimitExceeded",
+    "Limits",
     "Locked",
+    "Lookup",
     "MaxResumes",
+    "Model",
     "ModelError",
+    "ModelRequest",
+    "No",
+    "Outcome",
     "Phase",
+    "PolicyApprover",
+    "Price",
     "ReplayMismatch",
+    "Reply",
+    "Rerun",
+    "ResolveRequest",
     "RunExists",
     "RunNotFound",
     "RunState",
     "SaveFailed",
+    "ScriptedApprover",
+    "ScriptedModel",
+    "TerminalApprover",
     "TokenLimit",
+    "Tool",
+    "ToolContext",
     "TurnLimit",
     "UnsafePath",
     "Usage",
     "Workspace",
     "WorkspaceChanged",
+    "Yes",
     "idempotency_key",
     "new_run_id",
+    "tool",
 ]

@@ -161,6 +161,10 @@ class Approval(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     tool: str
     arguments: str
     asked_at: datetime
+    kind: str = "approve"
+    """``approve`` (may it run?) or ``resolve`` (did this in-doubt call happen?)."""
+    why: str | None = None
+    """For ``resolve``: why the ladder could not decide by itself."""
 
 
 class Decision(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -201,7 +205,9 @@ class Fingerprint(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
 class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Everything a later process needs to carry a run on."""
 
-    format: int = FORMAT
+    format: int = msgspec.field(default_factory=lambda: FORMAT)
+    """Written in every checkpoint (a factory default is never omitted), so a later
+    durably can tell which format it reads."""
     run_id: str
     task: str
     created_at: datetime

@@ -1,0 +1,112 @@
+"""The resolution ladder: how a call found in doubt after a restart is settled.
+
+A call is in doubt when its attempt marker was saved but its result was not: it
+may or may not have acted. Each step is tried only if the one before cannot
+decide (SPEC section 6):
+
+1. rerun when a repeat is harmless: ``read`` or ``idempotent``, or ``keyed``
+   while the service still remembers the key;
+2. ask the service through the tool's lookup: found (with the result), not
+   found (certain), or unknown (an error, a lagging index) which passes it up;
+3. ask a person through the approver: rerun, or done with what they found.
+
+This module decides; the loop saves each decision before acting on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from .approval import DEFER, Approver, Done, Rerun, ResolveRequest
+from .state import AttemptMarker, Effect, ToolCall
+from .tools import NOT_FOUND, Found, Tool, ToolContext
+
+__all__ = ["Verdict", "climb", "key_is_live"]
+
+log = logging.getLogger("durably.ladder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the ladder decided for one in-doubt call."""
+
+    step: int
+    """1 = rerun, 2 = lookup, 3 = a person."""
+    outcome: str
+    """``rerun``, ``found``, ``not-found``, ``done`` or ``deferred``."""
+    result: str | None = None
+    """The call's result when the ladder found it happened (``found``, ``done``)."""
+    detail: str | None = None
+
+    @property
+    def rerun(self) -> bool:
+        """True when the call should run (again)."""
+        return self.outcome in ("rerun", "not-found")
+
+
+def key_is_live(tool: Tool, marker: AttemptMarker, now: datetime) -> bool:
+    """True while the service still remembers the call's key."""
+    if tool.effect is not Effect.KEYED:
+        return False
+    return tool.key_ttl is None or now - marker.started_at < tool.key_ttl
+
+
+async def climb(
+    *,
+    call: ToolCall,
+    tool: Tool,
+    marker: AttemptMarker,
+    ctx: ToolContext,
+    approver: Approver,
+    arguments: dict[str, object],
+) -> Verdict:
+    """Walk the ladder for one in-doubt call and return the first step's decision."""
+    now = ctx.clock()
+    extra = {"run_id": ctx.run_id, "call_id": call.id}
+    if tool.effect in (Effect.READ, Effect.IDEMPOTENT):
+        log.info("in doubt %s: %s repeats harmlessly, rerun", tool.name, tool.effect, extra=extra)
+        return Verdict(step=1, outcome="rerun", detail=f"effect {tool.effect}")
+    if key_is_live(tool, marker, now):
+        log.info("in doubt %s: key %s still live, rerun", tool.name, marker.key, extra=extra)
+        return Verdict(step=1, outcome="rerun", detail="the service still remembers the key")
+
+    why = "its key expired" if tool.effect is Effect.KEYED else "it writes without a key"
+    if tool.lookup is not None:
+        try:
+            answer = await tool.lookup(ctx, **arguments)
+        except Exception as exc:  # a failing lookup must never decide: pass it up
+            log.warning("lookup for %s raised %r: unknown", tool.name, exc, extra=extra)
+            why = f"{why}, and its lookup failed ({type(exc).__name__}: {exc})"
+        else:
+            if isinstance(answer, Found):
+                log.info("in doubt %s: lookup found it", tool.name, extra=extra)
+                return Verdict(step=2, outcome="found", result=answer.result)
+            if answer is NOT_FOUND:
+                log.info(
+                    "in doubt %s: lookup says it never happened, rerun", tool.name, extra=extra
+                )
+                return Verdict(step=2, outcome="not-found")
+            why = f"{why}, and its lookup could not tell"
+    else:
+        why = f"{why} and has no lookup"
+
+    request = ResolveRequest(
+        run_id=ctx.run_id,
+        call_id=call.id,
+        tool=tool.name,
+        arguments=call.arguments,
+        idempotency_key=marker.key,
+        started_at=marker.started_at.isoformat(),
+        why=why,
+    )
+    log.info("in doubt %s: asking a person (%s)", tool.name, why, extra=extra)
+    answer3 = await approver.resolve(request)
+    if answer3 is DEFER:
+        return Verdict(step=3, outcome="deferred", detail=why)
+    if isinstance(answer3, Done):
+        return Verdict(step=3, outcome="done", result=answer3.result, detail=why)
+    if isinstance(answer3, Rerun):
+        return Verdict(step=3, outcome="rerun", detail=why)
+    raise TypeError(f"approver.resolve returned {answer3!r}; expected Rerun(), Done(...) or DEFER")

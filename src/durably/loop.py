@@ -1,0 +1,712 @@
+"""The durable agent loop: phases, the five save points, limits, approvals, the ladder.
+
+:class:`Agent` runs a model and its tools against a store. ``run(task)`` starts
+a run; ``resume(run_id)`` carries one on in any later process. The loop writes
+the state at five save points (SPEC section 4):
+
+1. start: a new run, before the first model call;
+2. reply: a model reply with its call IDs and usage, before any call runs;
+3. attempt: an attempt marker, just before each call that can change something
+   (after the approver's yes, for calls that need one);
+4. result: each call's result, with its marker cleared;
+5. pause / done: a call waiting for a person; the final answer.
+
+A restart never asks again for a saved reply, runs only the saved reply's
+unanswered calls, and sends every call that has a marker to the ladder instead
+of running it blindly. Every save is shielded: a cancellation waits for the save
+in flight and then propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from . import faults, ladder
+from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, ScriptedApprover, Yes
+from .errors import (
+    AgentChanged,
+    DollarLimit,
+    LimitExceeded,
+    MaxResumes,
+    ModelError,
+    TokenLimit,
+    TurnLimit,
+)
+from .keys import idempotency_key, new_run_id
+from .models import Model, ModelRequest, ToolSpec
+from .state import (
+    Approval,
+    AssistantMessage,
+    AttemptMarker,
+    Decision,
+    Effect,
+    Fingerprint,
+    Message,
+    Phase,
+    Resolution,
+    RunState,
+    ToolCall,
+    ToolPrint,
+    ToolResult,
+    UserMessage,
+    utcnow,
+)
+from .stores import RunHandle, Store
+from .tools import Tool, ToolContext, ToolInputError
+from .workspace import Workspace, sha256_bytes
+
+__all__ = ["Agent", "ContextPolicy", "Event", "Limits", "Outcome", "shielded"]
+
+log = logging.getLogger("durably.loop")
+_T = TypeVar("_T")
+
+
+async def shielded(awaitable: Awaitable[_T]) -> _T:
+    """Await ``awaitable`` to completion even if the caller is cancelled meanwhile.
+
+    The cancellation is re-raised once the work has finished, so a save that
+    records where a run stopped always lands before the task unwinds.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Limits over a run's whole life, across every process that ran it."""
+
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    max_dollars: float | None = None
+    max_resumes: int = 10
+
+
+def _default_summary(previous: str | None, dropped: Sequence[Message]) -> str:
+    """A plain, deterministic account of dropped history."""
+    lines = [previous] if previous else []
+    for message in dropped:
+        if isinstance(message, UserMessage):
+            lines.append(f"user: {message.text[:200]}")
+        elif isinstance(message, AssistantMessage):
+            calls = ", ".join(f"{c.name}({c.arguments[:80]})" for c in message.calls)
+            lines.append(f"assistant: {(message.text or '')[:200]} {calls}".rstrip())
+        else:
+            lines.append(f"result of {message.name}: {message.content[:200]}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextPolicy:
+    """Replace old history with a summary once the conversation grows past a size.
+
+    The summary lives in the state, so a resumed run sends the model exactly the
+    context the dead process would have sent.
+    """
+
+    max_messages: int = 200
+    """Summarize when ``messages`` grows past this many."""
+    keep: int = 40
+    """Keep at least this many recent messages verbatim."""
+    summarize: Callable[[str | None, Sequence[Message]], str] = _default_summary
+
+    def apply(self, state: RunState) -> bool:
+        """Fold old messages into the summary if needed; True when the state changed."""
+        if len(state.messages) <= self.max_messages:
+            return False
+        cut = len(state.messages) - self.keep
+        # Never split a reply from its results: cut just before an assistant or user message.
+        while cut > 0 and isinstance(state.messages[cut], ToolResult):
+            cut -= 1
+        if cut <= 0:
+            return False
+        dropped = state.messages[:cut]
+        state.summary = self.summarize(state.summary, dropped)
+        state.summarized += len(dropped)
+        state.messages = state.messages[cut:]
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Something the loop did, for live output (the CLI) and tests."""
+
+    kind: str
+    """``started``, ``resumed``, ``reply``, ``call``, ``result``, ``ladder``, ``approval``,
+    ``paused``, ``done``."""
+    run_id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+OutcomeStatus = Literal["done", "paused"]
+
+# Where each field of Outcome comes from in the state; a test holds the two in step.
+OUTCOME_SOURCES: Mapping[str, str] = {
+    "run_id": "run_id",
+    "status": "phase",
+    "answer": "answer",
+    "stop_reason": "stop_reason",
+    "turns": "turns",
+    "dollars": "dollars",
+    "pending": "pending",
+    "state": "*",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a call to ``run`` or ``resume`` ended with. Everything in it comes from the state."""
+
+    run_id: str
+    status: OutcomeStatus
+    answer: str | None
+    stop_reason: str | None
+    turns: int
+    dollars: float
+    pending: tuple[Approval, ...]
+    """Questions waiting for a person when ``status`` is ``paused``."""
+    state: RunState
+
+    @classmethod
+    def from_state(cls, state: RunState) -> Outcome:
+        """The outcome a saved state stands for."""
+        return cls(
+            run_id=state.run_id,
+            status="done" if state.phase is Phase.DONE else "paused",
+            answer=state.answer,
+            stop_reason=state.stop_reason,
+            turns=state.turns,
+            dollars=state.dollars,
+            pending=tuple(state.pending.values()),
+            state=state,
+        )
+
+
+Decisions = Mapping[str, Yes | No | Rerun | Done]
+
+
+class Agent:
+    """A model, its tools and a store, run durably.
+
+    Args:
+        model: writes the replies.
+        tools: what the model may call.
+        store: where runs live.
+        limits: turn, token, dollar and resume limits over each run's life.
+        approver: answers approval and in-doubt questions (default: a
+            :class:`ScriptedApprover` that approves everything and cannot resolve).
+        system: the system prompt.
+        context_policy: how long history is folded into a summary.
+        workspace: the directory tools write files through.
+        clock: the time source for markers and key ages.
+        allow_agent_change: resume runs started with a different agent.
+        observer: called with every :class:`Event`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: Iterable[Tool],
+        store: Store,
+        limits: Limits | None = None,
+        approver: Approver | None = None,
+        system: str = "",
+        context_policy: ContextPolicy | None = None,
+        workspace: Workspace | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        allow_agent_change: bool = False,
+        observer: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.tools = {t.name: t for t in tools}
+        self.store = store
+        self.limits = limits or Limits()
+        self.approver: Approver = approver or ScriptedApprover()
+        self.system = system
+        self.context_policy = context_policy
+        self.workspace = workspace
+        self.clock = clock
+        self.allow_agent_change = allow_agent_change
+        self.observer = observer
+
+    def fingerprint(self) -> Fingerprint:
+        """What this agent is, as recorded in runs it starts."""
+        return Fingerprint(
+            model=self.model.name,
+            system_sha256=hashlib.sha256(self.system.encode()).hexdigest(),
+            tools=tuple(
+                ToolPrint(
+                    name=t.name,
+                    effect=t.effect,
+                    schema_sha256=t.schema_sha256,
+                    needs_approval=t.needs_approval,
+                )
+                for t in sorted(self.tools.values(), key=lambda t: t.name)
+            ),
+        )
+
+    async def run(
+        self, task: str, *, name: str | None = None, run_id: str | None = None
+    ) -> Outcome:
+        """Start a new run of ``task`` and drive it until it is done or paused.
+
+        Args:
+            task: the user's request, the first message the model sees.
+            name: a short name for the task, used as the run ID's prefix.
+            run_id: use this ID instead of a new one (``RunExists`` if it was used).
+        """
+        state = RunState(
+            run_id=run_id or new_run_id(name or task),
+            task=task,
+            created_at=self.clock(),
+            messages=[UserMessage(text=task)],
+            fingerprint=self.fingerprint(),
+        )
+        handle = await self.store.create(state)  # save point 1: start
+        faults.point("loop.saved.start")
+        driver = _Driver(self, handle, state)
+        driver.emit("started", task=task)
+        try:
+            return await driver.drive()
+        finally:
+            await shielded(handle.close())
+
+    async def resume(self, run_id: str, *, decisions: Decisions | None = None) -> Outcome:
+        """Carry a run on from its last save, in this process.
+
+        Args:
+            run_id: the run to resume.
+            decisions: answers to questions a paused run is waiting for, by call
+                ID: ``Yes()``/``No(reason)`` for approvals, ``Rerun()``/``Done(result)``
+                for in-doubt calls.
+        """
+        handle, state = await self.store.open(run_id)
+        try:
+            if state.phase is Phase.DONE:
+                return Outcome.from_state(state)  # finished: free, no model or tool call
+            driver = _Driver(self, handle, state)
+            await driver.count_resume()
+            self._check_agent(state)
+            self._check_workspace(state)
+            await driver.apply_decisions(decisions or {})
+            return await driver.drive()
+        finally:
+            await shielded(handle.close())
+
+    def run_sync(self, task: str, *, name: str | None = None, run_id: str | None = None) -> Outcome:
+        """Blocking form of :meth:`run` for scripts."""
+        return asyncio.run(self.run(task, name=name, run_id=run_id))
+
+    def resume_sync(self, run_id: str, *, decisions: Decisions | None = None) -> Outcome:
+        """Blocking form of :meth:`resume` for scripts."""
+        return asyncio.run(self.resume(run_id, decisions=decisions))
+
+    def _check_agent(self, state: RunState) -> None:
+        saved = state.fingerprint
+        if saved is None or self.allow_agent_change:
+            return
+        differences = _differences(saved, self.fingerprint())
+        if differences:
+            raise AgentChanged(run_id=state.run_id, differences=differences)
+
+    def _check_workspace(self, state: RunState) -> None:
+        if self.workspace is None or not state.workspace:
+            return
+        accepted: dict[str, set[str]] = {}
+        for marker in state.markers.values():  # an in-doubt write may or may not have landed
+            for path, digest in marker.intended.items():
+                accepted.setdefault(path, set()).add(digest)
+        self.workspace.verify(state.workspace, run_id=state.run_id, also_accept=accepted)
+
+
+def _differences(saved: Fingerprint, now: Fingerprint) -> list[str]:
+    found = []
+    if saved.model != now.model:
+        found.append(f"model {saved.model!r} -> {now.model!r}")
+    if saved.system_sha256 != now.system_sha256:
+        found.append("system prompt changed")
+    before = {t.name: t for t in saved.tools}
+    after = {t.name: t for t in now.tools}
+    for name in sorted(before.keys() - after.keys()):
+        found.append(f"tool {name!r} removed")
+    for name in sorted(after.keys() - before.keys()):
+        found.append(f"tool {name!r} added")
+    for name in sorted(before.keys() & after.keys()):
+        old, new = before[name], after[name]
+        if old.effect != new.effect:
+            found.append(f"tool {name!r} effect {old.effect} -> {new.effect}")
+        if old.schema_sha256 != new.schema_sha256:
+            found.append(f"tool {name!r} arguments changed")
+        if old.needs_approval != new.needs_approval:
+            found.append(f"tool {name!r} approval {old.needs_approval} -> {new.needs_approval}")
+    return found
+
+
+class _Driver:
+    """One process's hold on one run: moves it from phase to phase, saving as it goes."""
+
+    def __init__(self, agent: Agent, handle: RunHandle, state: RunState) -> None:
+        self.agent = agent
+        self.handle = handle
+        self.state = state
+
+    # -- plumbing --------------------------------------------------------------------
+
+    async def save(self, label: str) -> None:
+        await shielded(self.handle.save(self.state))
+        faults.point(f"loop.saved.{label}")
+
+    def emit(self, kind: str, **data: Any) -> None:
+        call_id = data.get("call_id")
+        log.info(
+            "%s %s",
+            kind,
+            data,
+            extra={"run_id": self.state.run_id, "phase": str(self.state.phase), "call_id": call_id},
+        )
+        if self.agent.observer is not None:
+            self.agent.observer(Event(kind=kind, run_id=self.state.run_id, data=data))
+
+    def context(self, call: ToolCall, intended: Mapping[str, str] | None = None) -> ToolContext:
+        return ToolContext(
+            run_id=self.state.run_id,
+            call_id=call.id,
+            idempotency_key=idempotency_key(self.state.run_id, call.id),
+            workspace=self.agent.workspace,
+            clock=self.agent.clock,
+            intended=dict(intended or {}),
+        )
+
+    # -- resume ----------------------------------------------------------------------
+
+    async def count_resume(self) -> None:
+        """Count and save this restart before anything else happens."""
+        state = self.state
+        state.resumes += 1
+        limit = self.agent.limits.max_resumes
+        if state.resumes > limit:
+            state.stop_reason = "max-resumes"
+            await self.save("resume")
+            raise MaxResumes(run_id=state.run_id, resumes=state.resumes, limit=limit)
+        state.stop_reason = None
+        await self.save("resume")
+        self.emit("resumed", phase=str(state.phase), turns=state.turns, resumes=state.resumes)
+
+    async def apply_decisions(self, decisions: Decisions) -> None:
+        """Record answers a person gave while the run was paused."""
+        state = self.state
+        changed = False
+        for call_id, answer in decisions.items():
+            pending = state.pending.get(call_id)
+            call = next((c for c in state.unanswered() if c.id == call_id), None)
+            if call is None:
+                raise ValueError(f"run {state.run_id!r} has no unanswered call {call_id!r}")
+            now = self.agent.clock()
+            if isinstance(answer, Yes | No):
+                state.decisions[call_id] = Decision(
+                    approved=isinstance(answer, Yes),
+                    reason=answer.reason if isinstance(answer, No) else None,
+                    decided_at=now,
+                )
+            elif isinstance(answer, Rerun):
+                state.resolutions[call_id] = Resolution(step=3, outcome="rerun", detail="decided")
+                state.markers.pop(call_id, None)
+            elif isinstance(answer, Done):
+                state.resolutions[call_id] = Resolution(step=3, outcome="done", detail="decided")
+                self._record_result(call, answer.result, is_error=False)
+            if pending is not None:
+                state.pending.pop(call_id, None)
+            changed = True
+        if changed:
+            if state.phase is Phase.PAUSED and not state.pending:
+                state.phase = Phase.TOOLS if state.unanswered() else Phase.MODEL
+            await self.save("decisions")
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def drive(self) -> Outcome:
+        state = self.state
+        while True:
+            if state.phase is Phase.DONE:
+                self.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
+                return Outcome.from_state(state)
+            if state.phase is Phase.MODEL:
+                await self.model_turn()
+                continue
+            for call in state.unanswered():
+                if not await self.settle(call):
+                    self.emit("paused", pending=list(state.pending))
+                    return Outcome.from_state(state)
+            if state.phase in (Phase.TOOLS, Phase.PAUSED):
+                # Every call was already answered (a crash after the last result save).
+                state.phase = Phase.MODEL
+                await self.save("result")
+
+    async def model_turn(self) -> None:
+        state, agent = self.state, self.agent
+        await self.check_limits()
+        turn = state.turns + 1
+        request = ModelRequest(
+            run_id=state.run_id,
+            turn=turn,
+            system=agent.system,
+            messages=tuple(state.messages),
+            tools=[
+                ToolSpec(name=t.name, description=t.description, schema=t.schema)
+                for t in agent.tools.values()
+            ],
+            summary=state.summary,
+        )
+        reply = await agent.model.reply(request)
+        faults.point("loop.reply_received")
+        calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in reply.calls)
+        self._check_call_ids(calls)
+        dollars = agent.model.dollars(reply.usage)
+        state.messages.append(
+            AssistantMessage(
+                text=reply.text,
+                calls=calls,
+                usage=reply.usage,
+                dollars=dollars,
+                model=reply.model,
+                turn=turn,
+            )
+        )
+        state.turns = turn
+        state.usage = state.usage + reply.usage
+        state.dollars += dollars
+        if calls:
+            state.phase = Phase.TOOLS
+        else:
+            state.phase = Phase.DONE
+            state.answer = reply.text or ""
+            state.stop_reason = "answered"
+        await self.save("reply")  # save point 2 (and 5 when the reply is the answer)
+        self.emit(
+            "reply",
+            turn=turn,
+            text=reply.text,
+            calls=[(c.id, c.name) for c in calls],
+            dollars=dollars,
+        )
+
+    def _check_call_ids(self, calls: Sequence[ToolCall]) -> None:
+        seen = {
+            c.id for m in self.state.messages if isinstance(m, AssistantMessage) for c in m.calls
+        }
+        for call in calls:
+            if not call.id or call.id in seen:
+                # The idempotency key derives from the call ID: a reused ID would make
+                # the service treat a new call as a repeat of an old one.
+                raise ModelError(
+                    provider=self.agent.model.name,
+                    reason=f"the reply reuses call ID {call.id!r} (or has none)",
+                    remedy="use a model adapter that returns unique call IDs",
+                )
+            seen.add(call.id)
+
+    async def check_limits(self) -> None:
+        state, limits = self.state, self.agent.limits
+        exceeded: LimitExceeded | None = None
+        if limits.max_turns is not None and state.turns >= limits.max_turns:
+            exceeded = TurnLimit(run_id=state.run_id, used=state.turns, limit=limits.max_turns)
+        elif limits.max_tokens is not None and state.usage.total_tokens >= limits.max_tokens:
+            exceeded = TokenLimit(
+                run_id=state.run_id, used=state.usage.total_tokens, limit=limits.max_tokens
+            )
+        elif limits.max_dollars is not None and state.dollars >= limits.max_dollars:
+            exceeded = DollarLimit(
+                run_id=state.run_id, used=state.dollars, limit=limits.max_dollars
+            )
+        if exceeded is not None:
+            state.stop_reason = f"{exceeded.kind}-limit"
+            await self.save("limit")
+            raise exceeded
+
+    # -- one call ----------------------------------------------------------------------
+
+    async def settle(self, call: ToolCall) -> bool:
+        """Answer one call of the saved reply; False when the run must pause."""
+        state, agent = self.state, self.agent
+        tool = agent.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(agent.tools)) or "none"
+            await self.finish(call, f"unknown tool {call.name!r}; available tools: {known}", True)
+            return True
+        try:
+            arguments = tool.parse(call.arguments)
+        except ToolInputError as exc:
+            await self.finish(call, str(exc), True)
+            return True
+
+        marker = state.markers.get(call.id)
+        if marker is not None:
+            return await self.resolve_in_doubt(call, tool, marker, arguments)
+
+        if tool.needs_approval:
+            decision = state.decisions.get(call.id)
+            if decision is None:
+                answer = await self.ask_approval(call, tool)
+                if answer is None:
+                    return False
+                decision = answer
+            if not decision.approved:
+                await self.finish(call, f"refused by the approver: {decision.reason}", True)
+                return True
+        await self.execute(call, tool, arguments, previous=None)
+        return True
+
+    async def ask_approval(self, call: ToolCall, tool: Tool) -> Decision | None:
+        state = self.state
+        if call.id not in state.pending:
+            state.pending[call.id] = Approval(
+                call_id=call.id,
+                tool=tool.name,
+                arguments=call.arguments,
+                asked_at=self.agent.clock(),
+            )
+            state.phase = Phase.PAUSED
+            await self.save("pause")  # save point 5: waiting for a person
+        self.emit("approval", call_id=call.id, tool=tool.name)
+        answer = await self.agent.approver.approve(
+            ApprovalRequest(
+                run_id=state.run_id,
+                call_id=call.id,
+                tool=tool.name,
+                arguments=call.arguments,
+                effect=str(tool.effect),
+            )
+        )
+        if answer is DEFER:
+            return None
+        if not isinstance(answer, Yes | No):
+            raise TypeError(
+                f"approver.approve returned {answer!r}; expected Yes(), No(...) or DEFER"
+            )
+        decision = Decision(
+            approved=isinstance(answer, Yes),
+            reason=answer.reason if isinstance(answer, No) else None,
+            decided_at=self.agent.clock(),
+        )
+        # Kept in memory only: it is saved with the attempt marker (yes) or the result (no),
+        # so a crash in between asks again and leaves nothing to resolve.
+        state.decisions[call.id] = decision
+        state.pending.pop(call.id, None)
+        state.phase = Phase.TOOLS
+        self.emit("approved" if decision.approved else "refused", call_id=call.id, tool=tool.name)
+        return decision
+
+    async def resolve_in_doubt(
+        self, call: ToolCall, tool: Tool, marker: AttemptMarker, arguments: dict[str, Any]
+    ) -> bool:
+        state = self.state
+        verdict = await ladder.climb(
+            call=call,
+            tool=tool,
+            marker=marker,
+            ctx=self.context(call, marker.intended),
+            approver=self.agent.approver,
+            arguments=arguments,
+        )
+        self.emit(
+            "ladder", call_id=call.id, tool=tool.name, step=verdict.step, outcome=verdict.outcome
+        )
+        if verdict.outcome == "deferred":
+            state.pending[call.id] = Approval(
+                call_id=call.id,
+                tool=tool.name,
+                arguments=call.arguments,
+                asked_at=self.agent.clock(),
+                kind="resolve",
+                why=verdict.detail,
+            )
+            state.phase = Phase.PAUSED
+            await self.save("pause")
+            return False
+        state.resolutions[call.id] = Resolution(
+            step=verdict.step, outcome=verdict.outcome, detail=verdict.detail
+        )
+        if verdict.result is not None:
+            await self.finish(call, verdict.result, False)
+        else:
+            await self.execute(call, tool, arguments, previous=marker)
+        return True
+
+    async def execute(
+        self,
+        call: ToolCall,
+        tool: Tool,
+        arguments: dict[str, Any],
+        *,
+        previous: AttemptMarker | None,
+    ) -> None:
+        state = self.state
+        intended: dict[str, str] = {}
+        if tool.effect is not Effect.READ:
+            if previous is not None:
+                # Keep the first attempt's time (the service's key age counts from it)
+                # and its intended hashes (the file may already hold them).
+                marker = previous
+            else:
+                if tool.intends is not None:
+                    files = await tool.intends(self.context(call), **arguments)
+                    intended = {path: sha256_bytes(data) for path, data in files.items()}
+                marker = AttemptMarker(
+                    key=idempotency_key(state.run_id, call.id),
+                    tool=tool.name,
+                    started_at=self.agent.clock(),
+                    intended=intended,
+                )
+            state.markers[call.id] = marker
+            intended = dict(marker.intended)
+            await self.save("attempt")  # save point 3
+        if self.agent.workspace is not None:
+            self.agent.workspace.take_written()
+        self.emit("call", call_id=call.id, tool=tool.name, effect=str(tool.effect))
+        try:
+            content = await tool(self.context(call, intended), **arguments)
+            is_error = False
+        except Exception as exc:  # the model sees what went wrong, as the call's result
+            content, is_error = f"{type(exc).__name__}: {exc}", True
+        faults.point(f"loop.tool_returned:{tool.name}")
+        await self.finish(call, content, is_error)
+
+    async def finish(self, call: ToolCall, content: str, is_error: bool) -> None:
+        """Save point 4: the call's result, with its marker cleared."""
+        self._record_result(call, content, is_error=is_error)
+        await self.save("result")
+        self.emit("result", call_id=call.id, tool=call.name, is_error=is_error, content=content)
+
+    def _record_result(self, call: ToolCall, content: str, *, is_error: bool) -> None:
+        state = self.state
+        state.messages.append(
+            ToolResult(call_id=call.id, name=call.name, content=content, is_error=is_error)
+        )
+        state.markers.pop(call.id, None)
+        state.pending.pop(call.id, None)
+        if self.agent.workspace is not None:
+            state.workspace.update(self.agent.workspace.take_written())
+        if not state.unanswered():
+            state.phase = Phase.MODEL
+            state.decisions.clear()
+            if self.agent.context_policy is not None:
+                self.agent.context_policy.apply(state)
+        elif state.phase is Phase.PAUSED and not state.pending:
+            state.phase = Phase.TOOLS
