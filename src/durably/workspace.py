@@ -65,8 +65,11 @@ class Workspace:
         """Read a workspace file (symlinks refused)."""
         rel = self.normalize(path)
         with self._parent(rel, create=False) as (dir_fd, name):
-            fd = self._open(name, os.O_RDONLY, dir_fd, rel)
+            # O_NONBLOCK: a FIFO planted here must not hang the read.
+            fd = self._open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd, rel)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UnsafePath(path=rel, reason="it is not a regular file")
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
                     chunks.append(chunk)

@@ -110,6 +110,7 @@ class FileStore:
                 dir_fd=dir_fd,
             )
         except FileExistsError as exc:
+            self._refuse_symlink(run_id + _LOCK_SUFFIX, dir_fd)
             raise RunExists(run_id=run_id) from exc
         except OSError as exc:
             raise self._translate(exc, run_id + _LOCK_SUFFIX, run_id) from exc
@@ -119,6 +120,7 @@ class FileStore:
         handle = FileRun(self, run_id, lock_fd)
         if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is not None:
             handle.close_sync()
+            self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
             raise RunExists(run_id=run_id)
         try:
             handle.save_sync(state)
@@ -135,6 +137,7 @@ class FileStore:
         if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is None:
             self._refuse_symlink(lock_name, dir_fd)
             raise RunNotFound(run_id=run_id, where=str(self.directory))
+        self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
         try:
             # No O_CREAT: a run whose lock file is gone was not made by this store.
             lock_fd = self.fs.open(lock_name, os.O_RDWR | _NOFOLLOW, 0o600, dir_fd=dir_fd)
@@ -159,7 +162,7 @@ class FileStore:
 
     def list_runs_sync(self) -> list[str]:
         """Blocking form of :meth:`list_runs`."""
-        if not self.directory.exists():
+        if not self.directory.exists() and not self.directory.is_symlink():
             return []
         names = self.fs.listdir(self._directory_fd())
         return sorted(

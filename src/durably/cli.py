@@ -1,0 +1,249 @@
+"""The ``durably`` command: run the triage demo, inspect checkpoints, list runs, sweep.
+
+Exit codes (also in ``durably --help``):
+
+====  =========================================================
+0     done (and, for ``triage``, every check passed)
+1     failed: an error that names its cause (corrupt checkpoint, changed workspace, ...)
+2     bad usage
+3     paused: the run waits for a person (resume with the same command)
+4     locked: another process owns the run
+5     limit reached (turns, tokens, dollars, resumes); resume with a higher limit
+6     the run finished but some checks failed
+====  =========================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from .errors import DurablyError, LimitExceeded, Locked, MaxResumes, OwnershipError
+from .state import RunState, encode_state, utcnow
+from .stores.file import FileStore
+
+__all__ = ["EXIT", "main"]
+
+EXIT = {
+    "done": 0,
+    "failed": 1,
+    "usage": 2,
+    "paused": 3,
+    "locked": 4,
+    "limit": 5,
+    "checks": 6,
+}
+
+_EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 3 paused (waiting for a person),
+4 locked (another process owns the run), 5 limit reached, 6 finished but checks failed"""
+
+
+def runs_dir(state_dir: Path) -> Path:
+    """Where the CLI keeps the run checkpoints of a state directory."""
+    return state_dir / "runs"
+
+
+def _age(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    seconds = int((utcnow() - when).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def show(state: RunState, console: Console) -> None:
+    """Print one run's checkpoint for a person."""
+    console.print(f"[bold]{state.run_id}[/bold]")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("task", state.task.splitlines()[0][:100] if state.task else "-")
+    table.add_row("phase", f"[bold]{state.phase}[/bold]")
+    table.add_row("turns", str(state.turns))
+    table.add_row(
+        "usage",
+        f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
+    )
+    table.add_row("restarts", str(state.resumes))
+    table.add_row("created", state.created_at.isoformat(timespec="seconds"))
+    table.add_row("last saved", _age(state.saved_at))
+    if state.answer is not None:
+        table.add_row("answer", state.answer[:300])
+    if state.stop_reason:
+        table.add_row("stopped", state.stop_reason)
+    console.print(table)
+
+    if state.pending:
+        pending = Table(title="waiting for a person", title_justify="left")
+        for column in ("call", "tool", "question", "asked"):
+            pending.add_column(column)
+        for approval in state.pending.values():
+            question = (
+                "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}"
+            )
+            pending.add_row(approval.call_id, approval.tool, question, _age(approval.asked_at))
+        console.print(pending)
+
+    if state.markers:
+        markers = Table(title="attempt markers (calls that may have acted)", title_justify="left")
+        for column in ("call", "tool", "idempotency key", "age", "intended files"):
+            markers.add_column(column)
+        for call_id, marker in state.markers.items():
+            files = ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-"
+            markers.add_row(call_id, marker.tool, marker.key, _age(marker.started_at), files)
+        console.print(markers)
+
+    reply = state.last_reply()
+    if reply is not None and reply.calls:
+        answered = state.answered()
+        calls = Table(title=f"last reply (turn {reply.turn})", title_justify="left")
+        for column in ("call", "tool", "arguments", "answered"):
+            calls.add_column(column)
+        for call in reply.calls:
+            result = answered.get(call.id)
+            status = "-" if result is None else ("error" if result.is_error else "yes")
+            if call.id in state.markers:
+                status = "[yellow]in doubt[/yellow]"
+            calls.add_row(call.id, call.name, call.arguments[:60], status)
+        console.print(calls)
+
+
+def runs_table(store: FileStore, console: Console, errors: Console) -> int:
+    """Print a table of every run in a store; return how many could not be read."""
+    table = Table(title=f"runs in {store.directory}", title_justify="left")
+    for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
+        table.add_column(column, justify="right" if column in ("turns", "dollars") else "left")
+    unreadable = 0
+    for run_id in store.list_runs_sync():
+        try:
+            state = store.read_sync(run_id)
+        except DurablyError as exc:
+            unreadable += 1
+            table.add_row(run_id, "[red]unreadable[/red]", "-", "-", "-", "-")
+            errors.print(f"[red]error:[/red] {exc}")
+            continue
+        table.add_row(
+            run_id,
+            str(state.phase),
+            str(state.turns),
+            f"${state.dollars:.4f}",
+            str(state.resumes),
+            _age(state.saved_at),
+        )
+    console.print(table)
+    return unreadable
+
+
+def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    store = FileStore(runs_dir(args.state))
+    state = store.read_sync(args.run)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
+    else:
+        show(state, console)
+    return EXIT["done"]
+
+
+def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    unreadable = runs_table(FileStore(runs_dir(args.state)), console, errors)
+    return EXIT["failed"] if unreadable else EXIT["done"]
+
+
+def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from .triage.cli import triage
+
+    return asyncio.run(triage(args, console))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durably",
+        description="Durable LLM agent runs: crash at any instant, resume without repeats.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def state_option(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--state",
+            type=Path,
+            default=Path(".durably"),
+            help="state directory (default: .durably)",
+        )
+
+    triage = commands.add_parser(
+        "triage", help="run (or resume) the reference triage agent", epilog=_EPILOG
+    )
+    triage.add_argument("--task", default="m1-done-after-delete", help="task name")
+    state_option(triage)
+    triage.add_argument("--run", help="resume this run ID instead of the task's unfinished run")
+    triage.add_argument(
+        "--die-after",
+        metavar="TOOL",
+        help="SIGKILL this process as soon as the first call of TOOL returns (before its "
+        "result is saved)",
+    )
+    triage.add_argument(
+        "--approve",
+        choices=("on", "off"),
+        default="on",
+        help="ask on the terminal before filing issues (on), or approve everything (off)",
+    )
+    triage.add_argument(
+        "--model", default="replay", help="replay (default) or a provider model; see README"
+    )
+    triage.add_argument("--max-turns", type=int, default=40)
+    triage.add_argument("--max-dollars", type=float, default=5.0)
+    triage.add_argument("--new", action="store_true", help="start a new run even if one is open")
+    triage.set_defaults(handler=_cmd_triage)
+
+    show_cmd = commands.add_parser("show", help="show one run's checkpoint")
+    show_cmd.add_argument("run", help="run ID")
+    state_option(show_cmd)
+    show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
+    show_cmd.set_defaults(handler=_cmd_show)
+
+    runs_cmd = commands.add_parser("runs", help="list runs")
+    state_option(runs_cmd)
+    runs_cmd.set_defaults(handler=_cmd_runs)
+    return parser
+
+
+def _exit_code(exc: DurablyError) -> int:
+    if isinstance(exc, Locked | OwnershipError):
+        return EXIT["locked"]
+    if isinstance(exc, LimitExceeded | MaxResumes):
+        return EXIT["limit"]
+    return EXIT["failed"]
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the ``durably`` command."""
+    args = _parser().parse_args(argv)
+    console = Console()
+    errors = Console(stderr=True)
+    try:
+        code = args.handler(args, console, errors)
+    except DurablyError as exc:
+        if args.debug:
+            raise
+        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        code = _exit_code(exc)
+    except KeyboardInterrupt:
+        errors.print("interrupted; the run is saved where it stopped: run the command again")
+        code = 130
+    sys.exit(code)

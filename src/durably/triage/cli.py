@@ -1,0 +1,174 @@
+"""``durably triage``: run the reference triage agent, or carry on its unfinished run.
+
+The state directory holds the checkpoints (``runs/``) and one world per run
+(``worlds/<run>/``: the workspace, the tracker's database, the model's call
+log). Running the same command again finds the task's unfinished run and
+resumes it, saying where it stood.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import faults
+from ..approval import Approver, PolicyApprover, TerminalApprover
+from ..errors import DurablyError
+from ..keys import new_run_id
+from ..loop import Event, Limits, Outcome
+from ..state import Phase
+from ..stores.file import FileStore
+from .agent import build_agent
+from .checks import run_checks
+from .world import TASKS, World, load_task
+
+__all__ = ["triage", "worlds_dir"]
+
+_EFFECT_STYLE = {"read": "dim", "idempotent": "cyan", "keyed": "green", "write": "yellow"}
+
+
+def worlds_dir(state_dir: Path) -> Path:
+    """Where the CLI keeps the worlds of a state directory."""
+    return state_dir / "worlds"
+
+
+class _Live:
+    """Prints the loop's events as they happen."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.effects: dict[str, str] = {}
+
+    def __call__(self, event: Event) -> None:
+        data, say = event.data, self.console.print
+        if event.kind == "reply":
+            calls = data["calls"]
+            text = (data.get("text") or "").strip().splitlines()
+            first = text[0][:90] if text else ""
+            say(f"[bold]turn {data['turn']}[/bold] [dim]${data['dollars']:.4f}[/dim] {first}")
+            if not calls:
+                say("[bold green]answer[/bold green]")
+                for line in text:
+                    say(f"  {line}")
+        elif event.kind == "call":
+            style = _EFFECT_STYLE.get(data["effect"], "")
+            effect = f"[{style}]{data['effect']}[/{style}]"
+            say(f"  -> {data['tool']} {effect} [dim]{data['call_id']}[/dim]")
+        elif event.kind == "result" and data.get("is_error"):
+            say(f"     [red]error[/red] {str(data['content'])[:120]}")
+        elif event.kind == "ladder":
+            step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}[data["step"]]
+            say(
+                f"  [magenta]in doubt[/magenta] {data['tool']} {data['call_id']}: "
+                f"ladder step {data['step']} ({step}) -> {data['outcome']}"
+            )
+        elif event.kind in ("approved", "refused"):
+            say(f"  approval for {data['tool']}: {event.kind}")
+        elif event.kind == "resumed":
+            say(
+                f"[bold]resuming[/bold] {event.run_id}: phase {data['phase']}, "
+                f"turn {data['turns']}, restart {data['resumes']}"
+            )
+
+
+def _find_unfinished(store: FileStore, task: str) -> str | None:
+    """The newest run of ``task`` that is not done (run IDs sort by their UTC time)."""
+    candidates = [r for r in store.list_runs_sync() if r.startswith(f"{task}-")]
+    for run_id in reversed(candidates):
+        try:
+            state = store.read_sync(run_id)
+        except DurablyError:
+            # An unreadable run is never replaced by a fresh one: resume it and fail loudly.
+            return run_id
+        if state.phase is not Phase.DONE:
+            return run_id
+    return None
+
+
+async def triage(args: argparse.Namespace, console: Console) -> int:
+    """Run or resume the triage agent as the command line asked; return the exit code."""
+    from ..cli import EXIT, runs_dir
+
+    if args.task not in TASKS:
+        console.print(f"[red]error:[/red] unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
+        return EXIT["usage"]
+    if args.model != "replay":
+        console.print(
+            f"[red]error:[/red] model {args.model!r} is not available in this build; "
+            "use --model replay"
+        )
+        return EXIT["usage"]
+    state_dir: Path = args.state
+    store = FileStore(runs_dir(state_dir))
+    run_id = args.run or (None if args.new else _find_unfinished(store, args.task))
+    resuming = run_id is not None
+    if run_id is None:
+        run_id = new_run_id(args.task)
+        world = World.create(worlds_dir(state_dir) / run_id, args.task)
+    else:
+        world = World.open(worlds_dir(state_dir) / run_id)
+
+    approver: Approver = TerminalApprover() if args.approve == "on" else PolicyApprover()
+    agent = build_agent(
+        world=world,
+        store=store,
+        approver=approver,
+        limits=Limits(max_turns=args.max_turns, max_dollars=args.max_dollars),
+        observer=_Live(console),
+    )
+    plan = faults.CrashPlan()
+    if args.die_after:
+        if args.die_after not in agent.tools:
+            known = ", ".join(sorted(agent.tools))
+            console.print(f"[red]error:[/red] no tool {args.die_after!r}; tools: {known}")
+            return EXIT["usage"]
+        plan = faults.CrashPlan(label=f"loop.tool_returned:{args.die_after}")
+
+    with faults.installed(plan):
+        if resuming:
+            outcome = await agent.resume(run_id)
+        else:
+            task = load_task(args.task)
+            console.print(f"[bold]new run[/bold] {run_id} ({args.task}, model {agent.model.name})")
+            outcome = await agent.run(task.description, run_id=run_id)
+    return _report(outcome, world, runs_dir(state_dir), console)
+
+
+def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -> int:
+    from ..cli import EXIT
+
+    state = outcome.state
+    if outcome.status == "paused":
+        console.print(
+            f"[yellow]paused[/yellow]: {len(outcome.pending)} question(s) wait for a person"
+        )
+        for pending in outcome.pending:
+            console.print(f"  {pending.kind} {pending.tool} {pending.call_id}: {pending.why or ''}")
+        console.print("run the same command again to answer them")
+        return EXIT["paused"]
+    checks = run_checks(world=world, state=state, store_dir=store_dir)
+    passed = sum(c.ok for c in checks)
+    table = Table(title=f"run {state.run_id}", title_justify="left", show_header=False)
+    table.add_row("turns", str(state.turns))
+    table.add_row("restarts", str(state.resumes))
+    table.add_row(
+        "spent",
+        f"${state.dollars:.4f} ({state.usage.input_tokens} in / {state.usage.output_tokens} out)",
+    )
+    steps = [f"{cid}: step {r.step} {r.outcome}" for cid, r in state.resolutions.items()]
+    table.add_row("ladder", "; ".join(steps) or "no call was in doubt")
+    table.add_row("world", str(world.root))
+    console.print(table)
+    for check in checks:
+        if not check.ok:
+            console.print(f"[red]FAIL[/red] {check.name}: {check.reason}")
+    style = "green" if passed == len(checks) else "red"
+    console.print(f"[bold {style}]{passed}/{len(checks)} checks passed[/bold {style}]")
+    (world.root / "checks.json").write_text(
+        json.dumps([{"name": c.name, "ok": c.ok, "reason": c.reason} for c in checks], indent=2)
+    )
+    return EXIT["done"] if passed == len(checks) else EXIT["checks"]

@@ -1,0 +1,686 @@
+"""The issue tracker the triage agent files into: a real receiver over SQLite.
+
+It plays the part of a remote service (GitHub Issues, Jira) with the behaviour
+exactly-once delivery depends on, so the sweep can count at the receiver what a
+crash did:
+
+- **Idempotency keys**, with Stripe's semantics: a repeat with the same key and
+  the same arguments returns the first response, marked as replayed, and does
+  nothing; the same key with different arguments is refused with
+  :class:`KeyConflict`; a key older than the tracker's ``key_ttl`` no longer
+  matches and counts as no key. A tracker built with ``honour_keys=False``
+  records the key it was sent but does not deduplicate by it.
+- **The refile guard**, a business rule of the tracker itself: a second filing
+  for a cause that already has an issue is refused with :class:`AlreadyFiled`,
+  naming the existing issue, whether or not keys are honoured.
+- **A lookup by key** (:meth:`Tracker.lookup`) and a **search** by content
+  (:meth:`Tracker.search`), for the resolution ladder's second step.
+- **An audit trail**: every effect performed (:meth:`Tracker.effects`) and every
+  request received with its key and outcome (:meth:`Tracker.requests`), so a
+  check can count duplicates and verify that every write carried a key.
+
+Every operation opens its own connection and runs in one ``BEGIN IMMEDIATE``
+transaction, in WAL mode with ``synchronous=FULL``: any number of processes can
+share the database, a connection never crosses a ``fork``, and an answer is
+durable before it is returned. Results are frozen msgspec Structs of strings and
+ints, ready to become a tool's text result (``msgspec.json.encode``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+__all__ = [
+    "DEFAULT_KEY_TTL",
+    "AlreadyFiled",
+    "Clock",
+    "Comment",
+    "EffectRecord",
+    "FiledIssue",
+    "InvalidRequest",
+    "Issue",
+    "IssueNotFound",
+    "IssueSummary",
+    "KeyConflict",
+    "MovableClock",
+    "Request",
+    "Tracker",
+    "TrackerError",
+    "normalize_cause",
+]
+
+Clock = Callable[[], datetime]
+"""A callable returning the current time as an aware datetime."""
+
+DEFAULT_KEY_TTL = timedelta(hours=24)
+"""How long the tracker remembers an idempotency key unless told otherwise (Stripe's 24 hours)."""
+
+Operation = Literal["file_issue", "comment"]
+Outcome = Literal[
+    "created", "replayed", "key_conflict", "already_filed", "issue_not_found", "invalid"
+]
+
+_SCHEMA_VERSION = 1
+_BUSY_TIMEOUT_MS = 30_000
+_MAX_KEY_LENGTH = 255
+_SLUG = re.compile(r"[^a-z0-9]+")
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS issues (
+        number INTEGER PRIMARY KEY AUTOINCREMENT,
+        title TEXT NOT NULL,
+        body TEXT NOT NULL,
+        cause TEXT NOT NULL UNIQUE,
+        reports TEXT NOT NULL,
+        key TEXT,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS comments (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        issue INTEGER NOT NULL REFERENCES issues(number),
+        body TEXT NOT NULL,
+        key TEXT,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS idempotency_keys (
+        key TEXT PRIMARY KEY,
+        operation TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        response TEXT NOT NULL,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS effects (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        target INTEGER NOT NULL,
+        id INTEGER NOT NULL,
+        key TEXT,
+        time TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS requests (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        operation TEXT NOT NULL,
+        key TEXT,
+        outcome TEXT NOT NULL,
+        target INTEGER,
+        time TEXT NOT NULL)""",
+)
+
+
+# -- errors -------------------------------------------------------------------
+
+
+class TrackerError(Exception):
+    """Root of the errors the tracker answers with; a tool shows the message to the model."""
+
+
+class InvalidRequest(TrackerError):
+    """Raised for a malformed request (an empty cause, an empty key); fix the arguments."""
+
+
+class KeyConflict(TrackerError):
+    """Raised when an idempotency key is reused with different arguments; use a new key."""
+
+    def __init__(self, *, key: str, operation: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was already used for a different {operation} request; "
+            "a key names one request: send a new key for new arguments"
+        )
+        self.key = key
+        self.operation = operation
+
+
+class AlreadyFiled(TrackerError):
+    """Raised when an issue for the cause exists already; comment on that issue instead."""
+
+    def __init__(self, *, number: int, cause: str) -> None:
+        super().__init__(
+            f"an issue for cause {cause!r} is already filed as #{number}; "
+            f"comment on #{number} instead of filing it again"
+        )
+        self.number = number
+        self.cause = cause
+
+
+class IssueNotFound(TrackerError):
+    """Raised for an issue number the tracker does not hold; check the number."""
+
+    def __init__(self, *, number: int) -> None:
+        super().__init__(f"there is no issue #{number}")
+        self.number = number
+
+
+# -- records ------------------------------------------------------------------
+
+
+class FiledIssue(msgspec.Struct, frozen=True, kw_only=True):
+    """The tracker's answer to a filing."""
+
+    number: int
+    title: str
+    cause: str
+    """The cause as the tracker normalised it (a lower-case slug)."""
+    reports: tuple[str, ...]
+    key: str | None
+    created: str
+    """ISO 8601 time of the filing, UTC."""
+    replayed: bool = False
+    """True when this is the stored answer to an earlier request with the same key."""
+
+
+class Comment(msgspec.Struct, frozen=True, kw_only=True):
+    """A comment on an issue, as created or listed."""
+
+    id: int
+    issue: int
+    body: str
+    key: str | None
+    created: str
+    replayed: bool = False
+    """True when this is the stored answer to an earlier request with the same key."""
+
+
+class Issue(msgspec.Struct, frozen=True, kw_only=True):
+    """An issue as the tracker holds it."""
+
+    number: int
+    title: str
+    body: str
+    cause: str
+    reports: tuple[str, ...]
+    key: str | None
+    """The idempotency key the filing carried, recorded even when keys are not honoured."""
+    created: str
+
+
+class IssueSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One search hit."""
+
+    number: int
+    title: str
+    cause: str
+
+
+class EffectRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One change the tracker made: an issue filed or a comment added."""
+
+    seq: int
+    kind: Literal["issue", "comment"]
+    target: int
+    """The issue filed, or the issue commented on."""
+    id: int
+    """The issue's number or the comment's id."""
+    key: str | None
+    time: str
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """One write request the tracker received, whatever became of it."""
+
+    seq: int
+    operation: Operation
+    key: str | None
+    outcome: Outcome
+    target: int | None
+    """The issue the request created, replayed, commented on or collided with, if any."""
+    time: str
+
+
+# -- clock ----------------------------------------------------------------------
+
+
+def _system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class MovableClock:
+    """A clock that stands still until a test moves it.
+
+    Args:
+        start: the time it shows first (aware); 2026-03-02 09:00 UTC if not given.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("MovableClock needs an aware datetime")
+
+    def __call__(self) -> datetime:
+        """The time it shows."""
+        return self._now
+
+    def advance(self, delta: timedelta) -> datetime:
+        """Move the clock forward by ``delta``; return the new time."""
+        self._now += delta
+        return self._now
+
+
+def normalize_cause(cause: str) -> str:
+    """A cause as the refile guard compares it: a lower-case slug.
+
+    ``"Done After Delete"`` and ``"done_after_delete"`` both become ``"done-after-delete"``.
+    """
+    return _SLUG.sub("-", cause.lower()).strip("-")
+
+
+# -- the tracker ----------------------------------------------------------------
+
+
+class Tracker:
+    """An issue tracker with its own SQLite database, shared safely by many processes.
+
+    Args:
+        path: the database file, created with its schema if missing.
+        honour_keys: deduplicate by idempotency key. When False the tracker still
+            records each request's key, but a repeat acts again.
+        key_ttl: how long a key is remembered for deduplication.
+        clock: the tracker's idea of now; the system clock (UTC) if not given.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        honour_keys: bool = True,
+        key_ttl: timedelta = DEFAULT_KEY_TTL,
+        clock: Clock | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.honour_keys = honour_keys
+        self.key_ttl = key_ttl
+        self._clock = clock or _system_clock
+        with closing(self._connect()) as connection:
+            # WAL is a property of the file: set once, kept by every later connection.
+            connection.execute("PRAGMA journal_mode=WAL")
+            with self._transaction(connection):
+                for statement in _SCHEMA:
+                    connection.execute(statement)
+                connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+
+    def __repr__(self) -> str:
+        return f"Tracker({str(self.path)!r}, honour_keys={self.honour_keys})"
+
+    # -- writes -----------------------------------------------------------------
+
+    def file_issue(
+        self, *, title: str, body: str, cause: str, reports: Sequence[str], key: str | None
+    ) -> FiledIssue:
+        """File an issue for one root cause.
+
+        Args:
+            title: one line.
+            body: the description: what crashes, why, which reports.
+            cause: a short name of the root cause; normalised to a lower-case slug.
+            reports: the IDs of the crash reports the issue covers.
+            key: the idempotency key, or None to send none.
+
+        Returns:
+            The new issue, or the stored answer to the same request made earlier
+            with the same key (``replayed=True``).
+
+        Raises:
+            KeyConflict: the key was used for a different request.
+            AlreadyFiled: an issue for this cause exists (names its number).
+            InvalidRequest: the cause is empty or the key malformed.
+        """
+        arguments = {"title": title, "body": body, "cause": cause, "reports": list(reports)}
+
+        def act(connection: sqlite3.Connection, now: str, log: _Log) -> FiledIssue:
+            slug = normalize_cause(cause)
+            if not slug:
+                log("invalid", None)
+                raise InvalidRequest("the cause must contain a letter or digit")
+            existing = connection.execute(
+                "SELECT number FROM issues WHERE cause = ?", (slug,)
+            ).fetchone()
+            if existing is not None:
+                log("already_filed", existing[0])
+                raise AlreadyFiled(number=existing[0], cause=slug)
+            cursor = connection.execute(
+                "INSERT INTO issues (title, body, cause, reports, key, created) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (title, body, slug, json.dumps(list(reports)), key, now),
+            )
+            number = _rowid(cursor)
+            _record_effect(connection, kind="issue", target=number, id_=number, key=key, now=now)
+            log("created", number)
+            return FiledIssue(
+                number=number, title=title, cause=slug, reports=tuple(reports), key=key, created=now
+            )
+
+        return self._write("file_issue", key, arguments, FiledIssue, act)
+
+    def comment(self, *, number: int, body: str, key: str | None) -> Comment:
+        """Add a comment to an issue. There is no guard against saying the same thing twice.
+
+        Args:
+            number: the issue to comment on.
+            body: the comment's text.
+            key: the idempotency key, or None to send none.
+
+        Returns:
+            The new comment, or the stored answer to the same request made earlier
+            with the same key (``replayed=True``).
+
+        Raises:
+            KeyConflict: the key was used for a different request.
+            IssueNotFound: there is no issue with this number.
+        """
+        arguments = {"number": number, "body": body}
+
+        def act(connection: sqlite3.Connection, now: str, log: _Log) -> Comment:
+            found = connection.execute(
+                "SELECT 1 FROM issues WHERE number = ?", (number,)
+            ).fetchone()
+            if found is None:
+                log("issue_not_found", number)
+                raise IssueNotFound(number=number)
+            cursor = connection.execute(
+                "INSERT INTO comments (issue, body, key, created) VALUES (?, ?, ?, ?)",
+                (number, body, key, now),
+            )
+            comment_id = _rowid(cursor)
+            _record_effect(
+                connection, kind="comment", target=number, id_=comment_id, key=key, now=now
+            )
+            log("created", number)
+            return Comment(id=comment_id, issue=number, body=body, key=key, created=now)
+
+        return self._write("comment", key, arguments, Comment, act)
+
+    # -- reads ------------------------------------------------------------------
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        """Was a request with this key processed, and what was the answer?
+
+        A lookup is a search of the tracker's records, not a deduplication: it
+        returns the stored answer while the key's record exists, even after the
+        key has outlived ``key_ttl`` and no longer deduplicates. Records are only
+        dropped by :meth:`purge_expired`, or replaced when an expired key is sent
+        again. A tracker that does not honour keys keeps no key records, so its
+        lookups find nothing.
+
+        Args:
+            key: the idempotency key.
+
+        Returns:
+            The first answer as a dict (the fields of :class:`FiledIssue` or
+            :class:`Comment`, plus ``"kind"``: ``"issue"`` or ``"comment"``), or
+            None when the tracker holds no record of the key.
+        """
+        with closing(self._connect()) as connection:
+            row = connection.execute(
+                "SELECT response FROM idempotency_keys WHERE key = ?", (key,)
+            ).fetchone()
+        if row is None:
+            return None
+        answer: dict[str, Any] = json.loads(row[0])
+        return answer
+
+    def search(self, query: str) -> list[IssueSummary]:
+        """Issues whose title, body or cause contains ``query``, ignoring case, oldest first."""
+        needle = query.casefold()
+        return [
+            IssueSummary(number=issue.number, title=issue.title, cause=issue.cause)
+            for issue in self.issues()
+            if needle in issue.title.casefold()
+            or needle in issue.body.casefold()
+            or needle in issue.cause.casefold()
+        ]
+
+    def issues(self) -> list[Issue]:
+        """Every issue, oldest first."""
+        with closing(self._connect()) as connection:
+            rows = connection.execute(
+                "SELECT number, title, body, cause, reports, key, created FROM issues "
+                "ORDER BY number"
+            ).fetchall()
+        return [_issue(row) for row in rows]
+
+    def get(self, number: int) -> Issue:
+        """The issue with this number.
+
+        Raises:
+            IssueNotFound: there is none.
+        """
+        with closing(self._connect()) as connection:
+            row = connection.execute(
+                "SELECT number, title, body, cause, reports, key, created FROM issues "
+                "WHERE number = ?",
+                (number,),
+            ).fetchone()
+        if row is None:
+            raise IssueNotFound(number=number)
+        return _issue(row)
+
+    def comments(self, number: int | None = None) -> list[Comment]:
+        """Every comment, oldest first; only those on issue ``number`` if given."""
+        sql = "SELECT id, issue, body, key, created FROM comments"
+        parameters: tuple[int, ...] = ()
+        if number is not None:
+            sql += " WHERE issue = ?"
+            parameters = (number,)
+        with closing(self._connect()) as connection:
+            rows = connection.execute(sql + " ORDER BY id", parameters).fetchall()
+        return [
+            Comment(id=row[0], issue=row[1], body=row[2], key=row[3], created=row[4])
+            for row in rows
+        ]
+
+    def effects(self) -> list[EffectRecord]:
+        """Every change the tracker made, in order: what a duplicate count is taken from."""
+        with closing(self._connect()) as connection:
+            rows = connection.execute(
+                "SELECT seq, kind, target, id, key, time FROM effects ORDER BY seq"
+            ).fetchall()
+        return [
+            EffectRecord(seq=row[0], kind=row[1], target=row[2], id=row[3], key=row[4], time=row[5])
+            for row in rows
+        ]
+
+    def requests(self) -> list[Request]:
+        """Every write request received, in order, with its key and outcome.
+
+        Refused and replayed requests are listed too, so a check can verify that
+        every write carried a key.
+        """
+        with closing(self._connect()) as connection:
+            rows = connection.execute(
+                "SELECT seq, operation, key, outcome, target, time FROM requests ORDER BY seq"
+            ).fetchall()
+        return [
+            Request(
+                seq=row[0], operation=row[1], key=row[2], outcome=row[3], target=row[4], time=row[5]
+            )
+            for row in rows
+        ]
+
+    def purge_expired(self) -> int:
+        """Forget key records older than ``key_ttl``, as a real service eventually does.
+
+        Returns:
+            How many records were dropped.
+        """
+        now = self._now()
+        with closing(self._connect()) as connection, self._transaction(connection):
+            rows = connection.execute("SELECT key, created FROM idempotency_keys").fetchall()
+            # Compared as datetimes, by the same rule as deduplication (_expired),
+            # not as strings: isoformat() drops a zero microsecond part.
+            expired = [(key,) for key, created in rows if self._expired(created, now)]
+            connection.executemany("DELETE FROM idempotency_keys WHERE key = ?", expired)
+        return len(expired)
+
+    # -- machinery --------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+        )
+        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA synchronous = FULL")
+        connection.execute("PRAGMA foreign_keys = ON")
+        return connection
+
+    @staticmethod
+    @contextmanager
+    def _transaction(connection: sqlite3.Connection) -> Iterator[None]:
+        # IMMEDIATE takes the write lock at the start, so two processes never
+        # both pass the refile guard or the key check before either writes.
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+
+    def _now(self) -> datetime:
+        now = self._clock()
+        if now.tzinfo is None:
+            raise ValueError("the tracker's clock must return an aware datetime")
+        return now.astimezone(UTC)
+
+    def _write(
+        self,
+        operation: Operation,
+        key: str | None,
+        arguments: dict[str, Any],
+        answer_type: type[_Answer],
+        act: Callable[[sqlite3.Connection, str, _Log], _Answer],
+    ) -> _Answer:
+        """Run one write in one transaction: the key check, then ``act``, then the key's record.
+
+        A replay or a key conflict never reaches ``act``. The request is logged in
+        the same transaction whatever the outcome; a refusal (a :class:`TrackerError`
+        raised by ``act`` after logging it) is committed, then raised.
+        """
+        if key is not None and not 0 < len(key) <= _MAX_KEY_LENGTH:
+            raise InvalidRequest(f"an idempotency key has 1 to {_MAX_KEY_LENGTH} characters")
+        fingerprint = _fingerprint(operation, arguments)
+        current = self._now()
+        now = current.isoformat()
+        answer: _Answer | None = None
+        refusal: TrackerError | None = None
+        with closing(self._connect()) as connection, self._transaction(connection):
+
+            def log(outcome: Outcome, target: int | None) -> None:
+                connection.execute(
+                    "INSERT INTO requests (operation, key, outcome, target, time) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (operation, key, outcome, target, now),
+                )
+
+            stored = self._remembered(connection, key, current) if self.honour_keys else None
+            if stored is not None:
+                stored_operation, stored_fingerprint, response = stored
+                if stored_fingerprint != fingerprint or stored_operation != operation:
+                    log("key_conflict", None)
+                    refusal = KeyConflict(key=str(key), operation=stored_operation)
+                else:
+                    fields = {name: value for name, value in response.items() if name != "kind"}
+                    answer = msgspec.convert({**fields, "replayed": True}, answer_type)
+                    log("replayed", _target(answer))
+            else:
+                try:
+                    answer = act(connection, now, log)
+                except TrackerError as exc:
+                    refusal = exc
+                else:
+                    if self.honour_keys and key is not None:
+                        self._remember(connection, key, operation, fingerprint, answer, now)
+        if refusal is not None:
+            raise refusal
+        if answer is None:  # pragma: no cover - every branch above sets one of the two
+            raise TrackerError("internal error: a write produced no answer")
+        return answer
+
+    def _remembered(
+        self, connection: sqlite3.Connection, key: str | None, now: datetime
+    ) -> tuple[str, str, dict[str, Any]] | None:
+        """The record of a key that still deduplicates: (operation, fingerprint, response)."""
+        if key is None:
+            return None
+        row = connection.execute(
+            "SELECT operation, fingerprint, response, created FROM idempotency_keys WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is None or self._expired(row[3], now):
+            return None
+        response: dict[str, Any] = json.loads(row[2])
+        return row[0], row[1], response
+
+    def _expired(self, created: str, now: datetime) -> bool:
+        """Whether a key recorded at ``created`` is older than the TTL: it counts as no key."""
+        return now - datetime.fromisoformat(created) > self.key_ttl
+
+    def _remember(
+        self,
+        connection: sqlite3.Connection,
+        key: str,
+        operation: Operation,
+        fingerprint: str,
+        result: FiledIssue | Comment,
+        now: str,
+    ) -> None:
+        kind = "issue" if isinstance(result, FiledIssue) else "comment"
+        response = {"kind": kind, **msgspec.to_builtins(result)}
+        # REPLACE: an expired record of the same key gives way to the new request.
+        connection.execute(
+            "INSERT OR REPLACE INTO idempotency_keys "
+            "(key, operation, fingerprint, response, created) VALUES (?, ?, ?, ?, ?)",
+            (key, operation, fingerprint, json.dumps(response), now),
+        )
+
+
+_Answer = TypeVar("_Answer", FiledIssue, Comment)
+_Log = Callable[[Outcome, "int | None"], None]
+"""Logs the request being handled with its outcome and target issue."""
+
+
+def _fingerprint(operation: str, arguments: dict[str, Any]) -> str:
+    """What "the same arguments" means: SHA-256 of the operation and arguments as canonical JSON."""
+    canonical = json.dumps([operation, arguments], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _target(answer: FiledIssue | Comment) -> int:
+    return answer.number if isinstance(answer, FiledIssue) else answer.issue
+
+
+def _rowid(cursor: sqlite3.Cursor) -> int:
+    if cursor.lastrowid is None:  # pragma: no cover - an INSERT always sets it
+        raise TrackerError("internal error: the database returned no row id")
+    return cursor.lastrowid
+
+
+def _issue(row: Sequence[Any]) -> Issue:
+    return Issue(
+        number=row[0],
+        title=row[1],
+        body=row[2],
+        cause=row[3],
+        reports=tuple(json.loads(row[4])),
+        key=row[5],
+        created=row[6],
+    )
+
+
+def _record_effect(
+    connection: sqlite3.Connection,
+    *,
+    kind: Literal["issue", "comment"],
+    target: int,
+    id_: int,
+    key: str | None,
+    now: str,
+) -> None:
+    connection.execute(
+        "INSERT INTO effects (kind, target, id, key, time) VALUES (?, ?, ?, ?, ?)",
+        (kind, target, id_, key, now),
+    )
