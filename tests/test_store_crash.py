@@ -53,8 +53,8 @@ def test_a_crash_inside_a_save_leaves_the_old_or_the_new_state(
 def test_a_crash_inside_the_first_save_leaves_no_half_run(
     state_dir: Path, label: str, exists: bool
 ) -> None:
-    """A process killed while creating a run leaves either no run or the whole first state, and
-    the run ID stays used either way."""
+    """A process killed while creating a run leaves either no run (and the ID can be created
+    again, since nothing was ever saved under it) or the whole first state (and the ID is used)."""
     child = run_child("crash-create", str(state_dir), "r1", label)
     assert child.returncode == -signal.SIGKILL, child.stderr
     store = FileStore(state_dir)
@@ -67,8 +67,14 @@ def test_a_crash_inside_the_first_save_leaves_no_half_run(
         with pytest.raises(durably.RunNotFound):
             store.open_sync("r1")
         assert store.list_runs_sync() == []
-    with pytest.raises(durably.RunExists):
-        store.create_sync(state_a("r1"))
+    if exists:
+        with pytest.raises(durably.RunExists):
+            store.create_sync(state_a("r1"))
+    else:
+        handle = store.create_sync(state_a("r1"))
+        handle.close_sync()
+        assert temp_files(state_dir) == []
+        assert without_saved_at(store.read_sync("r1")) == state_a("r1")
     store.close()
 
 

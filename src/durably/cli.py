@@ -132,7 +132,7 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
         except DurablyError as exc:
             unreadable += 1
             table.add_row(run_id, "[red]unreadable[/red]", "-", "-", "-", "-")
-            errors.print(f"[red]error:[/red] {exc}")
+            errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
             continue
         table.add_row(
             run_id,
@@ -164,7 +164,7 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
 def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> int:
     from .triage.cli import triage
 
-    return asyncio.run(triage(args, console))
+    return asyncio.run(triage(args, console, errors))
 
 
 def _parser() -> argparse.ArgumentParser:

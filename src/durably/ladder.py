@@ -16,6 +16,7 @@ This module decides; the loop saves each decision before acting on it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -61,8 +62,13 @@ async def climb(
     ctx: ToolContext,
     approver: Approver,
     arguments: dict[str, object],
+    before_asking: Callable[[str], Awaitable[None]] | None = None,
 ) -> Verdict:
-    """Walk the ladder for one in-doubt call and return the first step's decision."""
+    """Walk the ladder for one in-doubt call and return the first step's decision.
+
+    ``before_asking`` is awaited with the reason just before a person is asked
+    (step 3), so the loop can save the run as paused with the question first.
+    """
     now = ctx.clock()
     extra = {"run_id": ctx.run_id, "call_id": call.id}
     if tool.effect in (Effect.READ, Effect.IDEMPOTENT):
@@ -102,6 +108,8 @@ async def climb(
         why=why,
     )
     log.info("in doubt %s: asking a person (%s)", tool.name, why, extra=extra)
+    if before_asking is not None:
+        await before_asking(why)
     answer3 = await approver.resolve(request)
     if answer3 is DEFER:
         return Verdict(step=3, outcome="deferred", detail=why)

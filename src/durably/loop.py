@@ -617,6 +617,22 @@ class _Driver:
         self, call: ToolCall, tool: Tool, marker: AttemptMarker, arguments: dict[str, Any]
     ) -> bool:
         state = self.state
+
+        async def before_asking(why: str) -> None:
+            # Save point 5, as for approvals: the call now waits for a person, so a crash or
+            # an unreachable approver leaves the run paused with the question on disk.
+            if call.id not in state.pending:
+                state.pending[call.id] = Approval(
+                    call_id=call.id,
+                    tool=tool.name,
+                    arguments=call.arguments,
+                    asked_at=self.agent.clock(),
+                    kind="resolve",
+                    why=why,
+                )
+                state.phase = Phase.PAUSED
+                await self.save("pause")
+
         verdict = await ladder.climb(
             call=call,
             tool=tool,
@@ -624,22 +640,16 @@ class _Driver:
             ctx=self.context(call, marker.intended),
             approver=self.agent.approver,
             arguments=arguments,
+            before_asking=before_asking,
         )
         self.emit(
             "ladder", call_id=call.id, tool=tool.name, step=verdict.step, outcome=verdict.outcome
         )
         if verdict.outcome == "deferred":
-            state.pending[call.id] = Approval(
-                call_id=call.id,
-                tool=tool.name,
-                arguments=call.arguments,
-                asked_at=self.agent.clock(),
-                kind="resolve",
-                why=verdict.detail,
-            )
-            state.phase = Phase.PAUSED
-            await self.save("pause")
-            return False
+            return False  # the question was saved by before_asking
+        state.pending.pop(call.id, None)
+        if state.phase is Phase.PAUSED and not state.pending:
+            state.phase = Phase.TOOLS
         state.resolutions[call.id] = Resolution(
             step=verdict.step, outcome=verdict.outcome, detail=verdict.detail
         )

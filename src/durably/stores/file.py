@@ -102,26 +102,25 @@ class FileStore:
         """Blocking form of :meth:`create`."""
         run_id = validate_run_id(state.run_id)
         dir_fd = self._directory_fd()
+        lock_name = run_id + _LOCK_SUFFIX
+        self._refuse_symlink(lock_name, dir_fd)
         try:
+            # The lock file may outlive a creator that died before its first save
+            # returned: that ID never held a run, so taking it over reuses nothing.
             lock_fd = self.fs.open(
-                run_id + _LOCK_SUFFIX,
-                os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
-                0o600,
-                dir_fd=dir_fd,
+                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
             )
-        except FileExistsError as exc:
-            self._refuse_symlink(run_id + _LOCK_SUFFIX, dir_fd)
-            raise RunExists(run_id=run_id) from exc
         except OSError as exc:
-            raise self._translate(exc, run_id + _LOCK_SUFFIX, run_id) from exc
+            raise self._translate(exc, lock_name, run_id) from exc
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
-            raise Locked(run_id=run_id, path=self._path(run_id + _LOCK_SUFFIX))
+            raise Locked(run_id=run_id, path=self._path(lock_name))
         handle = FileRun(self, run_id, lock_fd)
         if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is not None:
             handle.close_sync()
             self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
             raise RunExists(run_id=run_id)
+        self._remove_temp_files(run_id, dir_fd)
         try:
             handle.save_sync(state)
         except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -89,15 +90,19 @@ def _find_unfinished(store: FileStore, task: str) -> str | None:
     return None
 
 
-async def triage(args: argparse.Namespace, console: Console) -> int:
-    """Run or resume the triage agent as the command line asked; return the exit code."""
+async def triage(args: argparse.Namespace, console: Console, errors: Console | None = None) -> int:
+    """Run or resume the triage agent as the command line asked; return the exit code.
+
+    Progress goes to ``console``; usage errors go to ``errors`` (default: stderr).
+    """
     from ..cli import EXIT, runs_dir
 
+    errors = errors or Console(stderr=True)
     if args.task not in TASKS:
-        console.print(f"[red]error:[/red] unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
+        errors.print(f"[red]error:[/red] unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
         return EXIT["usage"]
     if args.model != "replay":
-        console.print(
+        errors.print(
             f"[red]error:[/red] model {args.model!r} is not available in this build; "
             "use --model replay"
         )
@@ -124,7 +129,9 @@ async def triage(args: argparse.Namespace, console: Console) -> int:
     if args.die_after:
         if args.die_after not in agent.tools:
             known = ", ".join(sorted(agent.tools))
-            console.print(f"[red]error:[/red] no tool {args.die_after!r}; tools: {known}")
+            errors.print(f"[red]error:[/red] no tool {args.die_after!r}; tools: {known}")
+            if not resuming:
+                shutil.rmtree(world.root)  # made a moment ago for a run that never started
             return EXIT["usage"]
         plan = faults.CrashPlan(label=f"loop.tool_returned:{args.die_after}")
 

@@ -1,0 +1,591 @@
+"""The crash sweep: kill a job at every crash point, restart it, count what went wrong.
+
+For each configuration the sweep
+
+1. runs the job once in a child process, recording every crash point reached
+   and a fingerprint of what a crash there would leave behind (the checkpoint,
+   the receivers, the model's call log);
+2. for each point (depth 1): a fresh world, a child process that SIGKILLs
+   itself at that point, then restarts in new child processes until the run
+   finishes, then judges the world;
+3. at depth 2, for each first crash, crashes again at every point of the first
+   restart up to its first saved model reply (the recovery: the resume save,
+   the ladder, the interrupted reply's remaining calls);
+4. reports per scenario: finished, duplicated effects, lost effects, questions
+   asked of a person, saved replies paid for twice, failed checks, and which
+   ladder step decided each in-doubt call.
+
+Children are forked from the warm sweep process (a fork server: no interpreter
+start-up per scenario) and die by a real SIGKILL: no ``finally`` runs, no lock
+is released politely. Points whose fingerprint equals the previous point's leave
+an identical disk (temp files aside, which every open removes), so a crash there
+is the same scenario; the sweep runs it once and counts the points it covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import tempfile
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from .. import faults
+from ..approval import ApprovalRequest, Approver, Done, Rerun, ResolveRequest, Yes
+from ..loop import Agent
+from ..models import CallLog
+from ..state import Effect, Phase, RunState
+from ..stores.file import FileStore
+from ..tools import Found, Lookup, Tool, ToolContext
+
+__all__ = [
+    "CONFIGS",
+    "Config",
+    "Row",
+    "ScenarioResult",
+    "SweepJob",
+    "SweepReport",
+    "World",
+    "run_sweep",
+]
+
+RUN_ID = "sweep-run"
+MAX_RESTARTS = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """How the world behaves and how the harness treats in-doubt calls.
+
+    A configuration is a small object: add your own by making one.
+    """
+
+    name: str
+    honour_keys: bool = True
+    """The services deduplicate on idempotency keys."""
+    lookups: bool = True
+    """Tools keep their lookups (without, an in-doubt write goes to a person)."""
+    fickle: bool = False
+    """The model answers differently when asked again for a reply it gave."""
+    baseline: Literal["naive-retry", "at-most-once"] | None = None
+    """A deliberately broken policy that the sweep must show failing."""
+
+    @property
+    def protected(self) -> bool:
+        """True for configurations durably promises to keep correct."""
+        return self.baseline is None
+
+    def adapt(self, tools: Sequence[Tool]) -> list[Tool]:
+        """The tools as this configuration's harness declares them."""
+        if self.baseline == "naive-retry":
+            # No markers worth the name: every unanswered call is simply run again.
+            return [replace(t, effect=Effect.IDEMPOTENT, key_ttl=None, lookup=None) for t in tools]
+        if self.baseline == "at-most-once":
+            # Never run an unanswered effect again: assume it happened.
+            return [
+                t
+                if t.effect is Effect.READ
+                else replace(t, effect=Effect.WRITE, key_ttl=None, lookup=_assume_done)
+                for t in tools
+            ]
+        if not self.lookups:
+            return [replace(t, lookup=None) if t.effect is Effect.WRITE else t for t in tools]
+        return list(tools)
+
+
+async def _assume_done(ctx: ToolContext, **arguments: object) -> Lookup:
+    return Found("assumed done (at-most-once baseline)")
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config(name="keys honoured"),
+    Config(name="keys ignored", honour_keys=False),
+    Config(name="fickle model", fickle=True),
+    Config(name="naive retry", honour_keys=False, baseline="naive-retry"),
+    Config(name="at-most-once", honour_keys=False, baseline="at-most-once"),
+)
+"""The default configurations: two protected worlds, a fickle model, two baselines."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """One scenario's directory, as the job sees it."""
+
+    root: Path
+    config: Config
+
+    @property
+    def store_dir(self) -> Path:
+        """Where the run's checkpoints live."""
+        return self.root / "runs"
+
+    @property
+    def questions_log(self) -> Path:
+        """One line per question asked of a person."""
+        return self.root / "questions.jsonl"
+
+    def store(self) -> FileStore:
+        """The scenario's store. Syncs are off: the sweep kills processes, not the power."""
+        return FileStore(self.store_dir, sync=False)
+
+
+class SweepJob(Protocol):
+    """What the sweep needs from a job: a world to build, an agent to run, a way to judge."""
+
+    name: str
+
+    def prepare(self, world: World) -> None:
+        """Make a fresh world (receivers, workspace) under ``world.root``."""
+        ...
+
+    def task(self) -> str:
+        """The task the run is started with."""
+        ...
+
+    def agent(self, world: World, approver: Approver) -> Agent:
+        """The agent for this world, built anew in every process."""
+        ...
+
+    def call_log(self, world: World) -> CallLog:
+        """The model's call log."""
+        ...
+
+    def effects(self, world: World) -> Counter[str]:
+        """Every side effect the receivers performed, as a multiset of descriptions."""
+        ...
+
+    def oracle(self, world: World, request: ResolveRequest) -> Rerun | Done:
+        """What a careful person finds when asked whether an in-doubt call happened."""
+        ...
+
+    def checks(self, world: World, state: RunState) -> list[str]:
+        """Names (with reasons) of the checks a finished world fails."""
+        ...
+
+    def fingerprint(self, world: World) -> str:
+        """A digest of everything a crash now would leave behind."""
+        ...
+
+
+class _SweepApprover:
+    """Approves every call; answers in-doubt questions from the job's oracle, logging each."""
+
+    def __init__(self, job: SweepJob, world: World) -> None:
+        self.job, self.world = job, world
+
+    async def approve(self, request: ApprovalRequest) -> Yes:
+        return Yes()
+
+    async def resolve(self, request: ResolveRequest) -> Rerun | Done:
+        with self.world.questions_log.open("a") as out:
+            out.write(json.dumps({"call_id": request.call_id, "tool": request.tool}) + "\n")
+        return self.job.oracle(self.world, request)
+
+
+# -- child processes -----------------------------------------------------------------
+
+
+def _fork(body: Callable[[], None]) -> int:
+    """Run ``body`` in a forked child; return its wait status (SIGKILL shows as signalled)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        code = 0
+        try:
+            body()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def _process(
+    job: SweepJob, world: World, *, first: bool, plan: faults.CrashPlan, record: Path | None
+) -> int:
+    """One process of the run: start it or resume it, under a crash plan."""
+
+    def body() -> None:
+        agent = job.agent(world, _SweepApprover(job, world))
+        if record is not None:
+            prints: list[str] = []
+            plan.on_point = lambda label: prints.append(job.fingerprint(world))
+        # A crash before the start save returned leaves no run: the next process starts it.
+        start = first or RUN_ID not in world.store().list_runs_sync()
+        with faults.installed(plan):
+            if start:
+                asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+            else:
+                asyncio.run(agent.resume(RUN_ID))
+        if record is not None:
+            record.write_text(json.dumps({"labels": plan.reached, "prints": prints}))
+
+    return _fork(body)
+
+
+def _killed(status: int) -> bool:
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+# -- scenarios -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioResult:
+    """What one scenario left behind."""
+
+    config: str
+    depth: int
+    at: tuple[int, ...]
+    """The crash points the scenario died at (1-based indices: first process, first restart)."""
+    crashes: tuple[str, ...]
+    """The labels of those crash points, in order."""
+    covers: int
+    """How many crash points this scenario stands for (equal fingerprints)."""
+    finished: bool
+    duplicates: int
+    lost: int
+    questions: int
+    paid_twice: int
+    failed_checks: tuple[str, ...]
+    ladder_steps: dict[str, int] = field(default_factory=dict)
+    restart_points: tuple[int, ...] = ()
+    """Distinct crash points of the first restart (depth-2 candidates), as indices."""
+    restart_labels: tuple[str, ...] = ()
+    restart_covers: tuple[int, ...] = ()
+    error: str | None = None
+
+
+def _distinct(labels: Sequence[str], prints: Sequence[str]) -> list[tuple[int, int]]:
+    """(1-based point index, points covered) for each run of equal fingerprints."""
+    chosen: list[tuple[int, int]] = []
+    previous = None
+    for index, digest in enumerate(prints, 1):
+        if digest != previous:
+            chosen.append((index, 1))
+        else:
+            at, covers = chosen[-1]
+            chosen[-1] = (at, covers + 1)
+        previous = digest
+    return chosen
+
+
+def _window(labels: Sequence[str]) -> int:
+    """How many points of a restart belong to its recovery (up to its first saved reply)."""
+    for index, label in enumerate(labels, 1):
+        if label == "loop.saved.reply":
+            return index
+    return len(labels)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    config: Config
+    depth: int
+    first: int
+    second: int | None
+    labels: tuple[str, ...]
+    covers: int
+
+
+def _run_scenario(job: SweepJob, spec: _Spec, reference: Counter[str]) -> ScenarioResult:
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+        world = World(root=Path(scratch), config=spec.config)
+        job.prepare(world)
+        log = job.call_log(world)
+        error = None
+        status = _process(job, world, first=True, plan=faults.CrashPlan(at=spec.first), record=None)
+        if not _killed(status):
+            error = f"the first process did not die at point {spec.first} (status {status})"
+        paid_twice = 0
+        restart_record: dict[str, Any] | None = None
+        finished = False
+        for restart in range(1, MAX_RESTARTS + 1):
+            saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
+            second = spec.second if restart == 1 else None
+            plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
+            record = world.root / "restart.json" if restart == 1 and second is None else None
+            status = _process(job, world, first=False, plan=plan, record=record)
+            paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
+            if record is not None and record.exists():
+                restart_record = json.loads(record.read_text())
+            if _killed(status) and second is not None:
+                continue
+            if status != 0:
+                error = error or f"restart {restart} failed (status {status})"
+                break
+            state = world.store().read_sync(RUN_ID)
+            finished = state.phase is Phase.DONE
+            break
+        return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
+
+
+def _saved_turns(world: World) -> int:
+    try:
+        return world.store().read_sync(RUN_ID).turns
+    except Exception:  # not created yet: nothing saved
+        return 0
+
+
+def _judge(
+    job: SweepJob,
+    world: World,
+    spec: _Spec,
+    reference: Counter[str],
+    finished: bool,
+    paid_twice: int,
+    restart_record: dict[str, Any] | None,
+    error: str | None,
+) -> ScenarioResult:
+    effects = job.effects(world)
+    duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
+    lost = sum(max(0, n - effects[e]) for e, n in reference.items())
+    questions = 0
+    if world.questions_log.exists():
+        questions = len(world.questions_log.read_text().splitlines())
+    failed: list[str] = []
+    steps: Counter[str] = Counter()
+    try:
+        state = world.store().read_sync(RUN_ID)
+        failed = job.checks(world, state) if finished else ["run did not finish"]
+        steps = Counter(f"step {r.step} {r.outcome}" for r in state.resolutions.values())
+    except Exception as exc:
+        failed = [f"checkpoint unreadable: {exc}"]
+    points: tuple[int, ...] = ()
+    labels: tuple[str, ...] = ()
+    covers: tuple[int, ...] = ()
+    if restart_record is not None:
+        window = _window(restart_record["labels"])
+        chosen = [
+            (i, c)
+            for i, c in _distinct(restart_record["labels"], restart_record["prints"])
+            if i <= window
+        ]
+        points = tuple(i for i, _ in chosen)
+        covers = tuple(c for _, c in chosen)
+        labels = tuple(restart_record["labels"][i - 1] for i in points)
+    return ScenarioResult(
+        config=spec.config.name,
+        depth=spec.depth,
+        at=(spec.first,) if spec.second is None else (spec.first, spec.second),
+        crashes=spec.labels,
+        covers=spec.covers,
+        finished=finished,
+        duplicates=duplicates,
+        lost=lost,
+        questions=questions,
+        paid_twice=paid_twice,
+        failed_checks=tuple(failed),
+        ladder_steps=dict(steps),
+        restart_points=points,
+        restart_labels=labels,
+        restart_covers=covers,
+        error=error,
+    )
+
+
+def _record_points(job: SweepJob, config: Config) -> tuple[list[str], list[str], Counter[str]]:
+    """Run the job once without crashing: its crash points, fingerprints and effects."""
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+        world = World(root=Path(scratch), config=config)
+        job.prepare(world)
+        record = world.root / "points.json"
+        status = _process(job, world, first=True, plan=faults.CrashPlan(), record=record)
+        if status != 0 or not record.exists():
+            raise RuntimeError(f"{job.name} under {config.name!r} did not finish without crashes")
+        data = json.loads(record.read_text())
+        return data["labels"], data["prints"], job.effects(world)
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One line of the sweep's table: a configuration at a depth."""
+
+    config: str
+    depth: int
+    protected: bool
+    scenarios: int
+    points: int
+    finished: int
+    duplicates: int
+    lost: int
+    questions: int
+    paid_twice: int
+    failed_checks: int
+
+    @property
+    def clean(self) -> bool:
+        """No duplicate, loss, reply paid twice or failed check; every run finished."""
+        return self.finished == self.scenarios and not (
+            self.duplicates or self.lost or self.paid_twice or self.failed_checks
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    """Every scenario of a sweep, and the table they add up to."""
+
+    job: str
+    results: tuple[ScenarioResult, ...]
+    configs: tuple[Config, ...]
+    depth: int
+
+    def rows(self) -> list[Row]:
+        """The table: one row per configuration and depth."""
+        rows = []
+        for config in self.configs:
+            for depth in range(1, self.depth + 1):
+                mine = [r for r in self.results if r.config == config.name and r.depth == depth]
+                rows.append(
+                    Row(
+                        config=config.name,
+                        depth=depth,
+                        protected=config.protected,
+                        scenarios=len(mine),
+                        points=sum(r.covers for r in mine),
+                        finished=sum(r.finished for r in mine),
+                        duplicates=sum(r.duplicates for r in mine),
+                        lost=sum(r.lost for r in mine),
+                        questions=sum(r.questions for r in mine),
+                        paid_twice=sum(r.paid_twice for r in mine),
+                        failed_checks=sum(bool(r.failed_checks) for r in mine),
+                    )
+                )
+        return rows
+
+    def problems(self) -> list[str]:
+        """Why the sweep fails: a protected row that is not clean, a baseline that is."""
+        found = []
+        for row in self.rows():
+            if row.protected and not row.clean:
+                found.append(f"{row.config} (depth {row.depth}) is not clean")
+            if not row.protected and row.depth == 1 and row.clean:
+                found.append(f"baseline {row.config} failed to fail")
+        return found
+
+    def text(self) -> str:
+        """The table as plain text (kept in the repository and compared by a test)."""
+        header = (
+            f"{'configuration':<16} {'depth':>5} {'scenarios':>9} {'points':>6} {'finished':>8} "
+            f"{'duplicates':>10} {'lost':>4} {'questions':>9} {'paid twice':>10} {'failed checks':>13}"
+        )
+        lines = [f"sweep of {self.job}", header, "-" * len(header)]
+        for r in self.rows():
+            lines.append(
+                f"{r.config:<16} {r.depth:>5} {r.scenarios:>9} {r.points:>6} {r.finished:>8} "
+                f"{r.duplicates:>10} {r.lost:>4} {r.questions:>9} {r.paid_twice:>10} "
+                f"{r.failed_checks:>13}"
+            )
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        """The rows and every scenario, for machines."""
+        return {
+            "job": self.job,
+            "depth": self.depth,
+            "rows": [asdict(r) | {"clean": r.clean} for r in self.rows()],
+            "scenarios": [asdict(s) for s in self.results],
+        }
+
+
+# -- driving -----------------------------------------------------------------------
+
+
+_pool_job: SweepJob | None = None
+_pool_references: dict[str, Counter[str]] = {}
+
+
+def _pool_run(spec: _Spec) -> ScenarioResult:
+    if _pool_job is None:  # pragma: no cover - set before the pool forks
+        raise RuntimeError("sweep pool used before it was set up")
+    return _run_scenario(_pool_job, spec, _pool_references[spec.config.name])
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[Callable[[Sequence[_Spec]], Iterator[ScenarioResult]]]:
+    if jobs <= 1:
+        yield lambda specs: (_pool_run(s) for s in specs)
+        return
+    # Fork workers from the warm parent; each worker forks one child per process of a scenario.
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield lambda specs: pool.imap_unordered(_pool_run, specs)
+
+
+def run_sweep(
+    job: SweepJob,
+    *,
+    configs: Sequence[Config] = CONFIGS,
+    depth: int = 1,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepReport:
+    """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
+
+    Args:
+        job: what to sweep.
+        configs: the configurations, each swept separately.
+        depth: 1, or 2 for a second crash during the first restart's recovery.
+        jobs: worker processes running scenarios in parallel.
+        progress: called with (scenarios done, scenarios known so far).
+    """
+    global _pool_job
+    if depth not in (1, 2):
+        raise ValueError("depth is 1 or 2")
+    _pool_job = job
+    first_specs: list[_Spec] = []
+    for config in configs:
+        labels, prints, effects = _record_points(job, config)
+        _pool_references[config.name] = effects
+        for index, covers in _distinct(labels, prints):
+            first_specs.append(_Spec(config, 1, index, None, (labels[index - 1],), covers))
+    results: list[ScenarioResult] = []
+    total = len(first_specs)
+    by_key = {(s.config.name, s.first): s for s in first_specs}
+    with _pool(jobs) as run_all:
+        for result in run_all(first_specs):
+            results.append(result)
+            if progress is not None:
+                progress(len(results), total)
+        if depth == 2:
+            second_specs = []
+            for result in results:
+                spec = by_key[(result.config, result.at[0])]
+                for point, label, covers in zip(
+                    result.restart_points, result.restart_labels, result.restart_covers, strict=True
+                ):
+                    second_specs.append(
+                        _Spec(spec.config, 2, spec.first, point, (*spec.labels, label), covers)
+                    )
+            total += len(second_specs)
+            for result in run_all(second_specs):
+                results.append(result)
+                if progress is not None:
+                    progress(len(results), total)
+    order = {c.name: i for i, c in enumerate(configs)}
+    results.sort(key=lambda r: (order[r.config], r.depth, r.at))
+    return SweepReport(job=job.name, results=tuple(results), configs=tuple(configs), depth=depth)
+
+
+def digest_files(paths: Sequence[Path]) -> str:
+    """A digest of files' contents (missing files count as empty), for fingerprints."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path).encode())
+        try:
+            digest.update(path.read_bytes())
+        except FileNotFoundError:
+            digest.update(b"\0missing")
+    return digest.hexdigest()
