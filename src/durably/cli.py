@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -27,7 +29,14 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from .errors import DurablyError, LimitExceeded, Locked, MaxResumes, OwnershipError
+from .errors import (
+    ApprovalUnavailable,
+    DurablyError,
+    LimitExceeded,
+    Locked,
+    MaxResumes,
+    OwnershipError,
+)
 from .state import RunState, encode_state, utcnow
 from .stores.file import FileStore
 
@@ -167,6 +176,80 @@ def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> 
     return asyncio.run(triage(args, console, errors))
 
 
+def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from .sweep import CONFIGS, run_sweep
+    from .triage.job import TriageJob
+    from .triage.world import TASKS
+
+    if args.task not in TASKS:
+        errors.print(f"error: unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
+        return EXIT["usage"]
+    known = {c.name: c for c in CONFIGS}
+    chosen = [known[name] for name in args.config] if args.config else list(CONFIGS)
+    columns = (
+        TextColumn("[bold]sweep[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:.1f} scenarios/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    # Refreshed from this thread only: the sweep forks, and a refresh thread could
+    # hold the console's lock at that instant.
+    with Progress(*columns, console=errors, auto_refresh=False, transient=True) as bar:
+        task_id = bar.add_task("sweep", total=None, rate=0.0)
+
+        def progress(done: int, total: int) -> None:
+            elapsed = bar.tasks[0].elapsed or 1e-9
+            bar.update(task_id, completed=done, total=total, rate=done / elapsed)
+            bar.refresh()
+
+        report = run_sweep(
+            TriageJob(args.task),
+            configs=chosen,
+            depth=args.depth,
+            jobs=args.jobs,
+            progress=progress,
+        )
+    table = Table(title=f"sweep of {report.job}", title_justify="left")
+    headers = ("configuration", "depth", "scenarios", "points", "finished", "duplicates")
+    for header in (*headers, "lost", "questions", "paid twice", "failed checks"):
+        table.add_column(header, justify="left" if header == "configuration" else "right")
+    for row in report.rows():
+        bad = "red" if (row.protected and not row.clean) else ""
+        table.add_row(
+            row.config + ("" if row.protected else " (baseline)"),
+            str(row.depth),
+            str(row.scenarios),
+            str(row.points),
+            str(row.finished),
+            str(row.duplicates),
+            str(row.lost),
+            str(row.questions),
+            str(row.paid_twice),
+            str(row.failed_checks),
+            style=bad,
+        )
+    console.print(table, width=max(console.width, 120))
+    if args.text:
+        args.text.write_text(report.text())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    problems = report.problems()
+    for problem in problems:
+        errors.print(f"[red]problem:[/red] {problem}")
+    return EXIT["failed"] if problems else EXIT["done"]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durably",
@@ -217,6 +300,22 @@ def _parser() -> argparse.ArgumentParser:
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
 
+    sweep = commands.add_parser(
+        "sweep", help="crash the triage agent at every crash point and count what went wrong"
+    )
+    sweep.add_argument("--task", default="m1-done-after-delete", help="task name")
+    sweep.add_argument("--depth", type=int, choices=(1, 2), default=2)
+    sweep.add_argument(
+        "--config",
+        action="append",
+        help="a configuration to sweep (repeatable; default: all): keys honoured, keys "
+        "ignored, fickle model, naive retry, at-most-once",
+    )
+    sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    sweep.add_argument("--json", type=Path, help="write every scenario as JSON to this file")
+    sweep.add_argument("--text", type=Path, help="write the table as plain text to this file")
+    sweep.set_defaults(handler=_cmd_sweep)
+
     runs_cmd = commands.add_parser("runs", help="list runs")
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
@@ -224,6 +323,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _exit_code(exc: DurablyError) -> int:
+    if isinstance(exc, ApprovalUnavailable):
+        return EXIT["paused"]  # the run is saved as paused, waiting for a person
     if isinstance(exc, Locked | OwnershipError):
         return EXIT["locked"]
     if isinstance(exc, LimitExceeded | MaxResumes):
@@ -234,8 +335,8 @@ def _exit_code(exc: DurablyError) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``durably`` command."""
     args = _parser().parse_args(argv)
-    console = Console()
-    errors = Console(stderr=True)
+    console = Console(soft_wrap=True)
+    errors = Console(stderr=True, soft_wrap=True)
     try:
         code = args.handler(args, console, errors)
     except DurablyError as exc:

@@ -11,6 +11,7 @@ from .core import ScenarioResult as ScenarioResult
 from .core import SweepJob as SweepJob
 from .core import SweepReport as SweepReport
 from .core import World as World
+from .core import assert_clean as assert_clean
 from .core import digest_files as digest_files
 from .core import run_sweep as run_sweep
 
@@ -22,6 +23,7 @@ __all__ = [
     "SweepJob",
     "SweepReport",
     "World",
+    "assert_clean",
     "digest_files",
     "run_sweep",
 ]

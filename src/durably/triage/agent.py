@@ -72,11 +72,14 @@ def build_agent(
         limits: limits over the run's life.
         observer: receives the loop's events (live output).
         clock: time source for the loop and the tracker.
-        sync: fsync workspace writes (off only in sweeps without power loss).
+        sync: fsync workspace writes and the tracker's commits (off only in sweeps that
+            kill processes, not the power).
     """
     options = options or ToolOptions()
     task = world.load_task()
-    tracker = world.tracker(honour_keys=options.honour_keys, key_ttl=options.key_ttl, clock=clock)
+    tracker = world.tracker(
+        honour_keys=options.honour_keys, key_ttl=options.key_ttl, clock=clock, sync=sync
+    )
     return Agent(
         model=model or replay_model(world),
         tools=make_tools(world, task, tracker, options),

@@ -68,7 +68,7 @@ class TriageJob:
     def effects(self, world: SweepWorld) -> Counter[str]:
         """Issues by cause, comments by issue and text, patches by file."""
         triage_world = self._world(world)
-        tracker = triage_world.tracker()
+        tracker = triage_world.tracker(sync=False)
         causes = {issue.number: issue.cause for issue in tracker.issues()}
         bodies = {comment.id: comment.body for comment in tracker.comments()}
         found: Counter[str] = Counter()
@@ -84,7 +84,7 @@ class TriageJob:
     def oracle(self, world: SweepWorld, request: ResolveRequest) -> Rerun | Done:
         """What a person finds by looking at the tracker and the files."""
         triage_world = self._world(world)
-        tracker = triage_world.tracker()
+        tracker = triage_world.tracker(sync=False)
         key = request.idempotency_key
         if request.tool == "file_issue":
             hits = [i for i in tracker.issues() if i.key == key]

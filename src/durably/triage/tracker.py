@@ -290,8 +290,11 @@ class Tracker:
         honour_keys: bool = True,
         key_ttl: timedelta = DEFAULT_KEY_TTL,
         clock: Clock | None = None,
+        sync: bool = True,
     ) -> None:
         self.path = Path(path)
+        self.sync = sync
+        """``synchronous=FULL`` (survives a power cut); off only where a test kills processes."""
         self.honour_keys = honour_keys
         self.key_ttl = key_ttl
         self._clock = clock or _system_clock
@@ -523,7 +526,7 @@ class Tracker:
             self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
         )
         connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        connection.execute("PRAGMA synchronous = FULL")
+        connection.execute(f"PRAGMA synchronous = {'FULL' if self.sync else 'OFF'}")
         connection.execute("PRAGMA foreign_keys = ON")
         return connection
 

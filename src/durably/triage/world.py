@@ -340,9 +340,12 @@ class World:
         honour_keys: bool = True,
         key_ttl: timedelta = DEFAULT_KEY_TTL,
         clock: Clock | None = None,
+        sync: bool = True,
     ) -> Tracker:
         """A client of this world's tracker, configured as given."""
-        return Tracker(self.tracker_path, honour_keys=honour_keys, key_ttl=key_ttl, clock=clock)
+        return Tracker(
+            self.tracker_path, honour_keys=honour_keys, key_ttl=key_ttl, clock=clock, sync=sync
+        )
 
 
 def _set_modes(top: Path) -> None:

@@ -1,0 +1,178 @@
+"""The crash sweep: the reference triage table, and a second job built from the public API."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+import durably
+from durably import Effect, ToolContext, tool
+from durably.sweep import CONFIGS, World, assert_clean, digest_files, run_sweep
+
+REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
+
+
+# -- a second job: refunds against a ledger that honours keys (or not) -------------------
+
+
+class Ledger:
+    """A payment service: one JSON line per refund it performed; dedups on keys if asked."""
+
+    def __init__(self, path: Path, *, honour_keys: bool) -> None:
+        self.path = path
+        self.honour_keys = honour_keys
+
+    def entries(self) -> list[dict[str, object]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def refund(self, *, order: str, cents: int, key: str) -> str:
+        if self.honour_keys:
+            for entry in self.entries():
+                if entry["key"] == key:
+                    return f"refund {entry['id']} (replayed)"
+        number = len(self.entries()) + 1
+        with self.path.open("a") as out:
+            out.write(json.dumps({"id": number, "order": order, "cents": cents, "key": key}))
+            out.write("\n")
+        return f"refund {number}"
+
+
+class RefundJob:
+    """Refund two orders and email the customer: a keyed call, a write with a lookup."""
+
+    name = "refunds"
+
+    def prepare(self, world: World) -> None:
+        (world.root / "mail").mkdir()
+
+    def task(self) -> str:
+        return "refund orders 1042 and 1043 and tell the customer"
+
+    def _ledger(self, world: World) -> Ledger:
+        return Ledger(world.root / "ledger.jsonl", honour_keys=world.config.honour_keys)
+
+    def agent(self, world: World, approver: durably.Approver) -> durably.Agent:
+        ledger = self._ledger(world)
+        outbox = world.root / "mail"
+
+        async def find_refund(ctx: ToolContext, order: str, cents: int) -> durably.Lookup:
+            for entry in ledger.entries():
+                if entry["key"] == ctx.idempotency_key:
+                    return durably.Found(f"refund {entry['id']}")
+            return durably.NOT_FOUND
+
+        # Declared honestly: keyed only where the ledger deduplicates on keys.
+        honoured = world.config.honour_keys
+
+        @tool(
+            effect=Effect.KEYED if honoured else Effect.WRITE,
+            key_ttl=timedelta(hours=24) if honoured else None,
+            needs_approval=True,
+            lookup=find_refund,
+        )
+        async def refund(ctx: ToolContext, order: str, cents: int) -> str:
+            """Refund an order."""
+            return ledger.refund(order=order, cents=cents, key=ctx.idempotency_key)
+
+        async def find_email(ctx: ToolContext, to: str, text: str) -> durably.Lookup:
+            sent = outbox / f"{ctx.idempotency_key}.txt"
+            return durably.Found(f"sent to {to}") if sent.exists() else durably.NOT_FOUND
+
+        @tool(effect=Effect.WRITE, lookup=find_email)
+        async def send_email(ctx: ToolContext, to: str, text: str) -> str:
+            """Email a customer."""
+            (outbox / f"{ctx.idempotency_key}.txt").write_text(text)
+            return f"sent to {to}"
+
+        model = durably.ScriptedModel(
+            [
+                durably.Reply(
+                    text="Refunding both orders.",
+                    calls=[
+                        durably.Call("c1", "refund", '{"order": "1042", "cents": 500}'),
+                        durably.Call("c2", "refund", '{"order": "1043", "cents": 700}'),
+                    ],
+                    usage=durably.Usage(input_tokens=300, output_tokens=40),
+                ),
+                durably.Reply(
+                    text="Telling the customer.",
+                    calls=[durably.Call("c3", "send_email", '{"to": "a@b.c", "text": "done"}')],
+                    usage=durably.Usage(input_tokens=420, output_tokens=30),
+                ),
+                durably.Reply(text="Both refunded; customer told.", usage=durably.Usage()),
+            ],
+            log=world.root / "model.jsonl",
+            fickle=world.config.fickle,
+        )
+        tools = world.config.adapt([refund, send_email])
+        return durably.Agent(model=model, tools=tools, store=world.store(), approver=approver)
+
+    def call_log(self, world: World) -> durably.CallLog:
+        return durably.CallLog(world.root / "model.jsonl")
+
+    def effects(self, world: World) -> Counter[str]:
+        found = Counter(f"refund {e['order']}" for e in self._ledger(world).entries())
+        found.update(f"email {p.read_text()}" for p in (world.root / "mail").iterdir())
+        return found
+
+    def oracle(self, world: World, request: durably.ResolveRequest) -> durably.Rerun | durably.Done:
+        if (
+            request.tool == "send_email"
+            and (world.root / "mail" / f"{request.idempotency_key}.txt").exists()
+        ):
+            return durably.Done("sent (checked by a person)")
+        if any(e["key"] == request.idempotency_key for e in self._ledger(world).entries()):
+            return durably.Done("refunded (checked by a person)")
+        return durably.Rerun()
+
+    def checks(self, world: World, state: durably.RunState) -> list[str]:
+        return [] if state.answer == "Both refunded; customer told." else ["wrong answer"]
+
+    def fingerprint(self, world: World) -> str:
+        files = [world.store_dir / "sweep-run.json", world.root / "ledger.jsonl"]
+        files += sorted((world.root / "mail").iterdir())
+        files += [world.root / "model.jsonl", world.questions_log]
+        return digest_files(files)
+
+
+def test_a_job_built_from_the_public_api_sweeps_clean_at_depth_two() -> None:
+    """A refund job swept at every crash point, twice over, never duplicates or loses a refund."""
+    report = assert_clean(RefundJob(), configs=CONFIGS[:3], depth=2, jobs=2)
+    rows = report.rows()
+    assert [r.depth for r in rows] == [1, 2] * 3
+    assert all(r.scenarios > 0 and r.duplicates == 0 and r.lost == 0 for r in rows)
+    assert rows[0].questions == 0  # keys honoured: nothing gets past the ladder's first step
+
+
+def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:
+    """Naive retry duplicates refunds and at-most-once loses them, for the refund job too."""
+    report = run_sweep(RefundJob(), configs=CONFIGS[3:], depth=1, jobs=2)
+    naive, at_most_once = report.rows()
+    assert naive.duplicates > 0
+    assert at_most_once.lost > 0
+    assert report.problems() == []
+
+
+@pytest.mark.slow
+def test_the_reference_triage_sweep_matches_the_table_in_the_repository() -> None:
+    """The triage sweep (all configurations, depth 2) gives the table kept in tests/testdata."""
+    from durably.triage.job import TriageJob
+
+    report = run_sweep(TriageJob(), configs=CONFIGS, depth=2, jobs=2)
+    if os.environ.get("DURABLY_REGENERATE"):
+        REFERENCE.write_text(report.text())
+    assert report.text() == REFERENCE.read_text()
+    assert report.problems() == []
+    for row in report.rows():
+        if row.protected:
+            assert (row.duplicates, row.lost, row.paid_twice, row.failed_checks) == (0, 0, 0, 0)
+            assert row.finished == row.scenarios
+    honoured = [r for r in report.rows() if r.config == "keys honoured"]
+    assert all(r.questions == 0 for r in honoured)

@@ -1,0 +1,269 @@
+"""The ``durably`` command in real processes: the README walkthrough, locks, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from durably.cli import EXIT
+from durably.triage.tracker import normalize_cause
+from durably.triage.world import TASKS, World, load_task
+
+M1 = "m1-done-after-delete"
+SCRIPT = Path(sys.executable).with_name("durably")
+WIDE = {**os.environ, "COLUMNS": "200"}
+"""Wide enough that rich wraps no line the tests read."""
+NARROW = {**os.environ, "COLUMNS": "80"}
+"""What a user gets when piping the output: rich's default width."""
+APPROVAL_PROMPT = "[y]es / [n]o: "
+
+
+def durably(
+    *args: str | Path,
+    env: Mapping[str, str] = WIDE,
+    timeout: float = 60,
+    command: tuple[str, ...] = (sys.executable, "-m", "durably"),
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``durably`` command to its end; stdin is empty, output is captured."""
+    return subprocess.run(
+        [*command, *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_files(state: Path) -> list[Path]:
+    """The checkpoint files in a state directory."""
+    return sorted((state / "runs").glob("*.json"))
+
+
+def only_run(state: Path) -> str:
+    """The ID of the one run in a state directory."""
+    files = run_files(state)
+    assert len(files) == 1, files
+    return files[0].stem
+
+
+def read_until(process: subprocess.Popen[bytes], text: str, timeout: float) -> str:
+    """Read the process's stdout as it comes until ``text`` shows; fail on EOF or timeout."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {text!r} within {timeout}s; output so far:\n{seen.decode()}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"exited ({process.wait()}) before {text!r}; output:\n{seen.decode()}"
+            seen += chunk
+    return seen.decode()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    """A state directory for the command (not created yet)."""
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def crashed(state: Path) -> str:
+    """A run of m1 killed right after its first patch landed; returns its ID."""
+    result = durably(
+        "triage", "--task", M1, "--state", state, "--approve", "off", "--die-after", "code_patch"
+    )
+    assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
+    return only_run(state)
+
+
+def test_python_dash_m_durably_is_the_durably_script() -> None:
+    """``python -m durably`` and the installed ``durably`` script are the same command."""
+    module = durably("--help")
+    script = durably("--help", command=(str(SCRIPT),))
+
+    assert module.returncode == script.returncode == 0
+    assert module.stdout == script.stdout
+    assert "exit codes" in module.stdout
+
+
+def test_readme_walkthrough_crash_show_resume(state: Path) -> None:
+    """A run killed after code_patch shows its marker, and the rerun settles it at ladder step 2."""
+    crash = durably(
+        "triage",
+        "--task",
+        M1,
+        "--state",
+        state,
+        "--approve",
+        "off",
+        "--die-after",
+        "code_patch",
+        command=(str(SCRIPT),),
+    )
+    assert crash.returncode == -signal.SIGKILL, crash.stdout + crash.stderr
+    run = only_run(state)
+
+    shown = durably("show", run, "--state", state, "--json", command=(str(SCRIPT),))
+    assert shown.returncode == EXIT["done"], shown.stderr
+    saved = json.loads(shown.stdout)
+    assert saved["run_id"] == run
+    assert saved["phase"] == "tools"
+    assert [marker["tool"] for marker in saved["markers"].values()] == ["code_patch"]
+    (in_doubt,) = saved["markers"]
+
+    resumed = durably(
+        "triage", "--task", M1, "--state", state, "--approve", "off", command=(str(SCRIPT),)
+    )
+    assert resumed.returncode == EXIT["done"], resumed.stdout + resumed.stderr
+    assert f"resuming {run}: phase tools, turn {saved['turns']}, restart 1" in resumed.stdout
+    assert f"in doubt code_patch {in_doubt}: ladder step 2 (lookup) -> found" in resumed.stdout
+    assert "16/16 checks passed" in resumed.stdout
+    assert only_run(state) == run
+
+    tracker = World.open(state / "worlds" / run).tracker()
+    groups = load_task(M1).groups
+    issues = tracker.issues()
+    assert Counter(i.cause for i in issues) == Counter(normalize_cause(g.cause) for g in groups)
+    effects = tracker.effects()
+    assert sorted(e.target for e in effects if e.kind == "issue") == sorted(
+        i.number for i in issues
+    )
+    assert sorted(e.target for e in effects if e.kind == "comment") == sorted(
+        i.number for i in issues
+    )
+    assert all(n == 1 for n in Counter((c.issue, c.body) for c in tracker.comments()).values())
+
+
+def test_second_process_on_an_open_run_is_refused_at_once(state: Path) -> None:
+    """A run held open by one process is refused at once to another; after a kill, it resumes."""
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durably",
+            "triage",
+            "--task",
+            M1,
+            "--state",
+            str(state),
+            "--approve",
+            "on",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=WIDE,
+    )
+    try:
+        asked = read_until(first, APPROVAL_PROMPT, timeout=30)
+        assert "Approve file_issue (keyed)?" in asked
+        run = only_run(state)
+
+        second = durably("triage", "--task", M1, "--state", state, "--approve", "off", timeout=20)
+        assert first.poll() is None, "the first process must still hold the run"
+    finally:
+        first.kill()
+        first.wait()
+        for pipe in (first.stdin, first.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    assert second.returncode == EXIT["locked"], second.stdout + second.stderr
+    assert f"run {run!r} is open in another process" in second.stderr
+    assert first.returncode == -signal.SIGKILL
+
+    third = durably("triage", "--task", M1, "--state", state, "--approve", "off")
+    assert third.returncode == EXIT["done"], third.stdout + third.stderr
+    assert f"resuming {run}" in third.stdout
+    assert "16/16 checks passed" in third.stdout
+    assert only_run(state) == run
+
+
+def corrupt(state: Path, run: str) -> tuple[Path, bytes]:
+    """Cut the run's checkpoint in half; return its path and the torn bytes."""
+    path = state / "runs" / f"{run}.json"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    return path, path.read_bytes()
+
+
+@pytest.mark.parametrize("command", [["show", "{run}"], ["runs"]], ids=["show", "runs"])
+def test_reading_a_corrupt_checkpoint_fails_naming_the_file(
+    state: Path, crashed: str, command: list[str]
+) -> None:
+    """``show`` and ``runs`` on a torn checkpoint fail, name its path, and leave it as it was."""
+    path, torn = corrupt(state, crashed)
+
+    args = [part.format(run=crashed) for part in command]
+    result = durably(*args, "--state", state, env=NARROW)
+
+    assert result.returncode == EXIT["failed"], result.stdout + result.stderr
+    assert f"checkpoint {path} is corrupt" in result.stderr
+    assert path.read_bytes() == torn
+
+
+def test_triage_on_a_corrupt_run_fails_and_starts_no_other(state: Path, crashed: str) -> None:
+    """``triage`` never replaces a corrupt run by a fresh one: it fails naming the file."""
+    path, torn = corrupt(state, crashed)
+    worlds = sorted((state / "worlds").iterdir())
+
+    result = durably("triage", "--task", M1, "--state", state, "--approve", "off", env=NARROW)
+
+    assert result.returncode == EXIT["failed"], result.stdout + result.stderr
+    assert f"checkpoint {path} is corrupt" in result.stderr
+    assert run_files(state) == [path]
+    assert sorted((state / "worlds").iterdir()) == worlds
+    assert path.read_bytes() == torn
+
+
+def test_unknown_task_is_bad_usage_and_lists_the_tasks(state: Path) -> None:
+    """An unknown task exits with the usage code, lists the known tasks, and starts nothing."""
+    result = durably("triage", "--task", "m9-no-such-task", "--state", state)
+
+    assert result.returncode == EXIT["usage"]
+    assert "unknown task 'm9-no-such-task'" in result.stderr
+    assert all(task in result.stderr for task in TASKS)
+    assert not (state / "runs").exists()
+    assert not (state / "worlds").exists()
+
+
+def test_die_after_an_unknown_tool_is_bad_usage(state: Path) -> None:
+    """``--die-after`` with no such tool exits with the usage code and leaves no run or world."""
+    result = durably("triage", "--task", M1, "--state", state, "--die-after", "no_such_tool")
+
+    assert result.returncode == EXIT["usage"]
+    assert "no tool 'no_such_tool'" in result.stderr
+    assert "code_patch" in result.stderr
+    assert run_files(state) == []
+    assert list(state.glob("worlds/*")) == []
+
+
+def test_runs_lists_a_finished_run_with_its_phase_and_turns(state: Path) -> None:
+    """``durably runs`` shows a finished run's ID, phase ``done`` and turn count in one row."""
+    finished = durably("triage", "--task", M1, "--state", state, "--approve", "off")
+    assert finished.returncode == EXIT["done"], finished.stdout + finished.stderr
+    run = only_run(state)
+    turns = json.loads(durably("show", run, "--state", state, "--json").stdout)["turns"]
+
+    listed = durably("runs", "--state", state)
+
+    assert listed.returncode == EXIT["done"], listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if run in line]
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[:3] == [run, "done", str(turns)]
+    assert turns > 0
