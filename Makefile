@@ -14,6 +14,7 @@ demo: $(BIN)/durably
 	$(BIN)/durably triage --task m1-done-after-delete --state .durably-demo --approve off
 
 test: $(BIN)/durably
+	scripts/system-deps
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
