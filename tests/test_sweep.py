@@ -161,6 +161,7 @@ def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_the_reference_triage_sweep_matches_the_table_in_the_repository() -> None:
     """The triage sweep (all configurations, depth 2) gives the table kept in tests/testdata."""
     from durably.triage.job import TriageJob

@@ -138,8 +138,12 @@ class FileStore:
             raise RunNotFound(run_id=run_id, where=str(self.directory))
         self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
         try:
-            # No O_CREAT: a run whose lock file is gone was not made by this store.
-            lock_fd = self.fs.open(lock_name, os.O_RDWR | _NOFOLLOW, 0o600, dir_fd=dir_fd)
+            # O_CREAT: a power cut may keep the first save's rename but not the lock
+            # file's creation (directory operations on different names can persist
+            # out of order); the state file is what proves the run exists.
+            lock_fd = self.fs.open(
+                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
+            )
         except OSError as exc:
             raise self._translate(exc, lock_name, run_id) from exc
         if not self.fs.lock(lock_fd):
@@ -208,20 +212,31 @@ class FileStore:
         return fd
 
     def _make_directory(self) -> None:
-        """Create the state directory (0700) and sync it into its parent."""
-        parent = self.directory.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.fs.mkdir(str(self.directory), 0o700)
-        except FileExistsError:
-            return
-        os.chmod(self.directory, 0o700, follow_symlinks=False)  # undo a umask that removed bits
-        if self.sync:
-            parent_fd = self.fs.open_dir(str(parent))
+        """Create the state directory (0700) and sync it into its parent.
+
+        Missing parents are made the same way (default mode), each synced into its
+        own parent: an unsynced parent can vanish in a power cut, taking with it
+        runs whose saves returned.
+        """
+        missing = [self.directory]
+        while not missing[-1].parent.exists():
+            missing.append(missing[-1].parent)
+        for directory in reversed(missing):
+            is_state_dir = directory == self.directory
             try:
-                self.fs.fsync(parent_fd)
-            finally:
-                self.fs.close(parent_fd)
+                self.fs.mkdir(str(directory), 0o700 if is_state_dir else 0o777)
+            except FileExistsError:
+                if is_state_dir:
+                    return
+                continue
+            if is_state_dir:  # undo a umask that removed bits
+                os.chmod(self.directory, 0o700, follow_symlinks=False)
+            if self.sync:
+                parent_fd = self.fs.open_dir(str(directory.parent))
+                try:
+                    self.fs.fsync(parent_fd)
+                finally:
+                    self.fs.close(parent_fd)
 
     def _refuse_symlink(self, name: str, dir_fd: int) -> None:
         info = self.fs.lstat(name, dir_fd=dir_fd)
