@@ -36,7 +36,7 @@ from ..errors import (
 )
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
-from ._envelope import open_envelope, seal
+from ._envelope import open_snapshot, seal
 
 __all__ = ["FileRun", "FileStore"]
 
@@ -115,7 +115,7 @@ class FileStore:
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
             raise Locked(run_id=run_id, path=self._path(lock_name))
-        handle = FileRun(self, run_id, lock_fd)
+        handle = self._new_handle(run_id, lock_fd)
         if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is not None:
             handle.close_sync()
             self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
@@ -149,10 +149,10 @@ class FileStore:
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
             raise Locked(run_id=run_id, path=self._path(lock_name))
-        handle = FileRun(self, run_id, lock_fd)
+        handle = self._new_handle(run_id, lock_fd)
         try:
             self._remove_temp_files(run_id, dir_fd)
-            state = self._load(run_id, dir_fd)
+            state = self._load(run_id, dir_fd, owner=handle)
         except BaseException:
             handle.close_sync()
             raise
@@ -250,7 +250,15 @@ class FileStore:
                 self.fs.unlink(name, dir_fd=dir_fd)
                 log.info("removed %s left by a save that never finished", name)
 
-    def _load(self, run_id: str, dir_fd: int) -> RunState:
+    def _new_handle(self, run_id: str, lock_fd: int) -> FileRun:
+        return FileRun(self, run_id, lock_fd)
+
+    def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
+        """Load a run's state; ``owner`` is the handle when the run is opened (locked)."""
+        return self._read_snapshot(run_id, dir_fd)[0]
+
+    def _read_snapshot(self, run_id: str, dir_fd: int) -> tuple[RunState, int, int]:
+        """The snapshot's state, its journal generation and its size in bytes."""
         name = run_id + _STATE_SUFFIX
         path = self._path(name)
         try:
@@ -266,12 +274,12 @@ class FileStore:
             data = self.fs.read(fd)
         finally:
             self.fs.close(fd)
-        state = open_envelope(data, path=path)
+        state, generation = open_snapshot(data, path=path)
         if state.run_id != run_id:
             raise CheckpointCorrupt(
                 path=path, reason=f"it holds run {state.run_id!r}, not {run_id!r}"
             )
-        return state
+        return state, generation, len(data)
 
     def _translate(self, exc: OSError, name: str, run_id: str) -> Exception:
         path = self._path(name)
@@ -316,6 +324,11 @@ class FileRun:
 
     def save_sync(self, state: RunState) -> None:
         """Blocking form of :meth:`save`."""
+        self._check_usable()
+        state.saved_at = utcnow()
+        self._write_snapshot(seal(state))
+
+    def _check_usable(self) -> None:
         if self._lock_fd is None:
             raise SaveFailed(
                 run_id=self._run_id, path=self._store.describe(self._run_id), reason="closed"
@@ -326,8 +339,9 @@ class FileRun:
                 path=self._store.describe(self._run_id),
                 reason=f"an earlier save failed ({self._broken}); reopen the run",
             )
-        state.saved_at = utcnow()
-        data = seal(state)
+
+    def _write_snapshot(self, data: bytes) -> None:
+        """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""
         store, fs = self._store, self._store.fs
         dir_fd = store._directory_fd()
         name = self._run_id + _STATE_SUFFIX

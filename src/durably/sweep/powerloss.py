@@ -320,6 +320,18 @@ class PowerLossFS(FileSystem):
         ino = self._fds.get(fd)
         self._record(Op(kind="fsync", path=self._path_of(ino), ino=ino))
 
+    def datasync(self, fd: int) -> None:
+        """``fdatasync``: modelled as ``fsync`` (a file's data and its size become durable)."""
+        super().datasync(fd)
+        ino = self._fds.get(fd)
+        self._record(Op(kind="fsync", path=self._path_of(ino), ino=ino))
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Cut a file: an unsynced truncation until the file is synced."""
+        super().truncate(fd, size)
+        ino = self._fds.get(fd)
+        self._record(Op(kind="truncate", path=self._path_of(ino), ino=ino, size=size))
+
     def rename(self, src: str, dst: str, *, dir_fd: int) -> None:
         """Rename within a directory: undone by a power cut until the directory is synced."""
         parent = self._fds.get(dir_fd)
@@ -934,6 +946,7 @@ def explore(
     reorder: bool = True,
     resume: bool = False,
     run_id: str = "r1",
+    store: Callable[..., FileStore] = FileStore,
 ) -> Exploration:
     """Create a run, save it ``saves`` more times, and load every image at every point.
 
@@ -950,7 +963,10 @@ def explore(
         resume: load each image as a restarted process does (``open_sync``: take
             the lock, remove temp files) rather than with ``read_sync``.
         run_id: the run's ID.
+        store: the store class (or factory taking the directory and keywords ``fs``
+            and ``sync``) to check: the snapshot store by default, or the journal store.
     """
+    make_store = store
     with tempfile.TemporaryDirectory(prefix="durably-powerloss-") as tmp:
         root = Path(tmp, "disk")
         root.mkdir(mode=0o700)
@@ -965,10 +981,10 @@ def explore(
             events.append((len(fs.log), save, returned))
 
         with seeded(mutant), faults.installed(faults.CrashPlan(on_point=fs.mark)):
-            store = FileStore(root / layout, fs=fs)
+            modelled = make_store(root / layout, fs=fs)
             try:
                 event(1, returned=False)
-                handle = store.create_sync(msgspec.structs.replace(expected[0]))
+                handle = modelled.create_sync(msgspec.structs.replace(expected[0]))
                 event(1, returned=True)
                 for n in range(2, saves + 2):
                     event(n, returned=False)
@@ -976,7 +992,7 @@ def explore(
                     event(n, returned=True)
                 handle.close_sync()
             finally:
-                store.close()
+                modelled.close()
 
         violations: list[Violation] = []
         reported: set[tuple[int, str, str, Kind]] = set()
@@ -995,7 +1011,9 @@ def explore(
                 outcomes[version] = [
                     (
                         image.description,
-                        _load(image, scratch, layout, run_id, expected, resume=resume),
+                        _load(
+                            image, scratch, layout, run_id, expected, resume=resume, store=store
+                        ),
                     )
                     for image in images
                 ]
@@ -1043,6 +1061,7 @@ def check_protocol(
     limit: int = 48,
     reorder: bool = True,
     resume: bool = False,
+    store: Callable[..., FileStore] = FileStore,
 ) -> list[Violation]:
     """Every power cut during a create and ``saves`` saves, on every legal disk: the violations.
 
@@ -1059,6 +1078,7 @@ def check_protocol(
         limit=limit,
         reorder=reorder,
         resume=resume,
+        store=store,
     ).violations
 
 
@@ -1135,27 +1155,29 @@ def _load(
     expected: Sequence[RunState],
     *,
     resume: bool,
+    store: Callable[..., FileStore] = FileStore,
 ) -> _Outcome:
     """Materialise an image and read (or open) the run with a fresh, normal store."""
+    make_store = store
     target = Path(tempfile.mkdtemp(dir=scratch))
     try:
         image.materialise(target / "disk")
         # sync=False: the read never writes, except to create a missing state
         # directory, and nothing on this scratch copy needs to survive a power cut.
-        store = FileStore(target / "disk" / layout, sync=False)
+        reader = make_store(target / "disk" / layout, sync=False)
         try:
             if resume:
-                handle, state = store.open_sync(run_id)
+                handle, state = reader.open_sync(run_id)
                 handle.close_sync()
             else:
-                state = store.read_sync(run_id)
+                state = reader.read_sync(run_id)
         except RunNotFound:
             return _Outcome(None, "RunNotFound", missing=True)
         except Exception as exc:  # any other error is the finding, reported not raised
             message = str(exc).replace(str(target / "disk"), "<image>")
             return _Outcome(None, f"{type(exc).__name__}: {message}")
         finally:
-            store.close()
+            reader.close()
     finally:
         shutil.rmtree(target)
     n = len(state.messages)
