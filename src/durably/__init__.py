@@ -33,6 +33,7 @@ from .errors import TokenLimit as TokenLimit
 from .errors import TurnLimit as TurnLimit
 from .errors import UnsafePath as UnsafePath
 from .errors import WorkspaceChanged as WorkspaceChanged
+from .errors import WrongStore as WrongStore
 from .keys import idempotency_key as idempotency_key
 from .keys import new_run_id as new_run_id
 from .loop import Agent as Agent
@@ -52,6 +53,7 @@ from .state import Phase as Phase
 from .state import RunState as RunState
 from .state import Usage as Usage
 from .stores.file import FileStore as FileStore
+from .stores.journal import JournalStore as JournalStore
 from .tools import NOT_FOUND as NOT_FOUND
 from .tools import UNKNOWN as UNKNOWN
 from .tools import Found as Found
@@ -88,6 +90,7 @@ __all__ = [
     "FileStore",
     "Found",
     "InvalidRunId",
+    "JournalStore",
     "LeaseLost",
     "LimitExceeded",
     "Limits",
@@ -121,6 +124,7 @@ __all__ = [
     "Usage",
     "Workspace",
     "WorkspaceChanged",
+    "WrongStore",
     "Yes",
     "idempotency_key",
     "new_run_id",

@@ -39,6 +39,7 @@ from .errors import (
 )
 from .state import RunState, encode_state, utcnow
 from .stores.file import FileStore
+from .stores.journal import JournalStore
 
 __all__ = ["EXIT", "main"]
 
@@ -151,12 +152,12 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
             str(state.resumes),
             _age(state.saved_at),
         )
-    console.print(table)
+    console.print(table, width=max(console.width, 130))  # run IDs are long; never cut them
     return unreadable
 
 
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    store = FileStore(runs_dir(args.state))
+    store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
     state = store.read_sync(args.run)
     if args.json:
         sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
@@ -166,7 +167,7 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    unreadable = runs_table(FileStore(runs_dir(args.state)), console, errors)
+    unreadable = runs_table(JournalStore(runs_dir(args.state)), console, errors)
     return EXIT["failed"] if unreadable else EXIT["done"]
 
 
@@ -288,6 +289,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument(
         "--model", default="replay", help="replay (default) or a provider model; see README"
+    )
+    triage.add_argument(
+        "--store",
+        choices=("journal", "snapshot"),
+        default="journal",
+        help="journal (default: one append per save) or snapshot (one JSON file per run)",
     )
     triage.add_argument("--max-turns", type=int, default=40)
     triage.add_argument("--max-dollars", type=float, default=5.0)

@@ -21,6 +21,7 @@ The hierarchy::
     │   ├── CheckpointCorrupt       a file is not a valid checkpoint
     │   ├── CheckpointTooNew        a checkpoint of a newer format than this code knows
     │   ├── UnsafePath              a symlink or foreign file stands where the store writes
+    │   ├── WrongStore              the run is kept by another kind of store
     │   └── SaveFailed              a save did not become durable; the old state is the truth
     ├── ModelError                  the model provider failed or answered nonsense
     ├── ApprovalUnavailable         the approver could not be asked
@@ -58,6 +59,7 @@ __all__ = [
     "TurnLimit",
     "UnsafePath",
     "WorkspaceChanged",
+    "WrongStore",
 ]
 
 
@@ -280,6 +282,20 @@ class UnsafePath(StorageError):
         super().__init__(
             f"refusing to use {path}: {reason}; remove it if it is not yours "
             "(its target was not touched)"
+        )
+
+
+class WrongStore(StorageError):
+    """Raised when a snapshot store opens a run the journal store keeps (it would miss the log)."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, path: str, store: str) -> None:
+        self.path = path
+        self.store = store
+        super().__init__(
+            f"{path} belongs to a run kept by the {store} store; open it with that store "
+            f"(`--store {store}` on the command line) so none of its saves is missed"
         )
 
 

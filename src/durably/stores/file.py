@@ -33,6 +33,7 @@ from ..errors import (
     RunNotFound,
     SaveFailed,
     UnsafePath,
+    WrongStore,
 )
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
@@ -255,7 +256,10 @@ class FileStore:
 
     def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
         """Load a run's state; ``owner`` is the handle when the run is opened (locked)."""
-        return self._read_snapshot(run_id, dir_fd)[0]
+        state, generation, _ = self._read_snapshot(run_id, dir_fd)
+        if generation:
+            raise WrongStore(path=self.describe(run_id), store="journal")
+        return state
 
     def _read_snapshot(self, run_id: str, dir_fd: int) -> tuple[RunState, int, int]:
         """The snapshot's state, its journal generation and its size in bytes."""

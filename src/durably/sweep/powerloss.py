@@ -1011,9 +1011,7 @@ def explore(
                 outcomes[version] = [
                     (
                         image.description,
-                        _load(
-                            image, scratch, layout, run_id, expected, resume=resume, store=store
-                        ),
+                        _load(image, scratch, layout, run_id, expected, resume=resume, store=store),
                     )
                     for image in images
                 ]

@@ -23,6 +23,7 @@ from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
 from ..state import Phase
 from ..stores.file import FileStore
+from ..stores.journal import JournalStore
 from .agent import build_agent
 from .checks import run_checks
 from .world import TASKS, World, load_task
@@ -108,7 +109,11 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         )
         return EXIT["usage"]
     state_dir: Path = args.state
-    store = FileStore(runs_dir(state_dir))
+    store = (
+        JournalStore(state_dir / "runs")
+        if args.store == "journal"
+        else FileStore(runs_dir(state_dir))
+    )
     run_id = args.run or (None if args.new else _find_unfinished(store, args.task))
     resuming = run_id is not None
     if run_id is None:
