@@ -418,6 +418,16 @@ class _Driver:
             call = next((c for c in state.unanswered() if c.id == call_id), None)
             if call is None:
                 raise ValueError(f"run {state.run_id!r} has no unanswered call {call_id!r}")
+            # An answer must fit its question: Yes/No approve a call that has not run;
+            # Rerun/Done settle a call that may have acted (it has a marker).
+            in_doubt = call_id in state.markers
+            if isinstance(answer, Yes | No) == in_doubt:
+                wanted = "Rerun() or Done(result)" if in_doubt else "Yes() or No(reason)"
+                raise ValueError(
+                    f"run {state.run_id!r}: call {call_id!r} "
+                    f"{'may have acted' if in_doubt else 'waits for approval'}; answer it "
+                    f"with {wanted}, not {answer!r}"
+                )
             now = self.agent.clock()
             if isinstance(answer, Yes | No):
                 state.decisions[call_id] = Decision(

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
+import pytest
 from _loop_world import (
     ANSWER,
     PERSON_SAYS,
@@ -180,3 +181,16 @@ def test_a_deferred_in_doubt_call_takes_the_persons_result_on_resume(world: Worl
     assert (done.status, tool_results(done.state)) == ("done", [("w1", PERSON_SAYS, False)])
     assert (done.state.resolutions["w1"].step, done.state.resolutions["w1"].outcome) == (3, "done")
     assert len(world.receiver().effects("write")) == 1
+
+
+def test_a_decision_that_does_not_fit_its_question_is_refused(world: World) -> None:
+    """Answering an approval question with Rerun() is refused and the run stays as it was."""
+    job = Job(replies=ONE_WRITE, toolset=NEEDS_YES, approver_class=Deferring)
+    paused = asyncio.run(job.agent(world).run(TASK, name="job"))
+
+    with pytest.raises(ValueError, match="waits for approval"):
+        asyncio.run(job.agent(world).resume(paused.run_id, decisions={"w1": durably.Rerun()}))
+
+    assert list(world.state().pending) == ["w1"]
+    assert world.state().resolutions == {}
+    assert world.receiver().entries() == []
