@@ -60,6 +60,7 @@ from .tools import Found as Found
 from .tools import Lookup as Lookup
 from .tools import Tool as Tool
 from .tools import ToolContext as ToolContext
+from .tools import ToolInDoubt as ToolInDoubt
 from .tools import tool as tool
 from .workspace import Workspace as Workspace
 
@@ -119,6 +120,7 @@ __all__ = [
     "TokenLimit",
     "Tool",
     "ToolContext",
+    "ToolInDoubt",
     "TurnLimit",
     "UnsafePath",
     "Usage",

@@ -58,7 +58,7 @@ from .state import (
     utcnow,
 )
 from .stores import RunHandle, Store
-from .tools import Tool, ToolContext, ToolInputError
+from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError
 from .workspace import Workspace, sha256_bytes
 
 __all__ = ["Agent", "ContextPolicy", "Event", "Limits", "Outcome", "shielded"]
@@ -580,8 +580,7 @@ class _Driver:
             if not decision.approved:
                 await self.finish(call, f"refused by the approver: {decision.reason}", True)
                 return True
-        await self.execute(call, tool, arguments, previous=None)
-        return True
+        return await self.execute(call, tool, arguments, previous=None)
 
     async def ask_approval(self, call: ToolCall, tool: Tool) -> Decision | None:
         state = self.state
@@ -665,9 +664,8 @@ class _Driver:
         )
         if verdict.result is not None:
             await self.finish(call, verdict.result, False)
-        else:
-            await self.execute(call, tool, arguments, previous=marker)
-        return True
+            return True
+        return await self.execute(call, tool, arguments, previous=marker)
 
     async def execute(
         self,
@@ -676,7 +674,8 @@ class _Driver:
         arguments: dict[str, Any],
         *,
         previous: AttemptMarker | None,
-    ) -> None:
+    ) -> bool:
+        """Run one call (marker first, unless it only reads); False when the run must pause."""
         state = self.state
         intended: dict[str, str] = {}
         if tool.effect is not Effect.READ:
@@ -703,10 +702,18 @@ class _Driver:
         try:
             content = await tool(self.context(call, intended), **arguments)
             is_error = False
+        except ToolInDoubt as exc:
+            if tool.effect is Effect.READ or previous is not None:
+                # Already a second try in this process (or nothing to fear): report it.
+                content, is_error = f"{type(exc).__name__}: {exc}", True
+            else:
+                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=str(exc))
+                return await self.resolve_in_doubt(call, tool, state.markers[call.id], arguments)
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = f"{type(exc).__name__}: {exc}", True
         faults.point(f"loop.tool_returned:{tool.name}")
         await self.finish(call, content, is_error)
+        return True
 
     async def finish(self, call: ToolCall, content: str, is_error: bool) -> None:
         """Save point 4: the call's result, with its marker cleared."""

@@ -33,6 +33,7 @@ __all__ = [
     "Lookup",
     "Tool",
     "ToolContext",
+    "ToolInDoubt",
     "ToolInputError",
     "tool",
 ]
@@ -81,6 +82,15 @@ IntentFunction = Callable[..., Awaitable[Mapping[str, bytes | str]]]
 
 class ToolInputError(Exception):
     """The model's arguments for a call cannot be used; the message goes back to the model."""
+
+
+class ToolInDoubt(Exception):
+    """Raised by a tool that cannot tell whether it acted (a request sent, no answer).
+
+    The loop keeps the call's attempt marker and settles it at once through the
+    resolution ladder, as it would after a crash, instead of handing the model an
+    error it might "fix" with a new call (and a new idempotency key).
+    """
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

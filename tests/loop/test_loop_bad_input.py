@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from _loop_world import (
@@ -230,3 +231,30 @@ def test_an_in_doubt_write_may_have_left_its_intended_file_behind(world: World) 
     assert done.answer == ANSWER
     assert done.state.resolutions["n2"].step == 1
     assert done.state.workspace == {"notes/a1.txt": durably.workspace.sha256_bytes("final")}
+
+
+def test_a_tool_in_doubt_is_settled_by_the_ladder_not_handed_to_the_model(tmp_path: Path) -> None:
+    """A keyed tool that raises ToolInDoubt is rerun with the same key at once, not reported."""
+    keys: list[str] = []
+
+    @durably.tool(effect=durably.Effect.KEYED)
+    async def pay(ctx: durably.ToolContext, cents: int) -> str:
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:
+            raise durably.ToolInDoubt("sent, no answer")
+        return "paid"
+
+    model = durably.ScriptedModel(
+        [
+            durably.Reply(calls=[durably.Call("p1", "pay", '{"cents": 5}')]),
+            durably.Reply(text="done"),
+        ]
+    )
+    agent = durably.Agent(model=model, tools=[pay], store=durably.FileStore(tmp_path / "s"))
+    outcome = asyncio.run(agent.run("pay"))
+    assert outcome.status == "done"
+    (result,) = [m for m in outcome.state.messages if isinstance(m, durably.state.ToolResult)]
+    assert (result.content, result.is_error) == ("paid", False)
+    assert len(keys) == 2
+    assert keys[0] == keys[1] == durably.idempotency_key(outcome.run_id, "p1")
+    assert outcome.state.resolutions["p1"].step == 1

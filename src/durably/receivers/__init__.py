@@ -1,0 +1,38 @@
+"""The receiver's half: services that honour durably's idempotency keys.
+
+- :class:`IdempotencyMiddleware` (``durably.receivers.asgi``): Stripe's
+  ``Idempotency-Key`` semantics for any ASGI application;
+- :func:`deduplicated` (``durably.receivers.mcp``): the same for the tools of
+  an MCP server, with the key in the request's ``_meta``;
+- :func:`lookup` and :class:`LookupApp`: "was this key processed, and with
+  what result?", for an agent resolving a call left in doubt by a crash;
+- :class:`IdempotencyStore`: the keys and results, in one SQLite file.
+
+Nothing here imports a third-party package until it is used.
+"""
+
+from ._store import IdempotencyStore as IdempotencyStore
+from ._store import KeyRecord as KeyRecord
+from ._store import KeyState as KeyState
+from .asgi import REPLAYED_HEADER as REPLAYED_HEADER
+from .asgi import IdempotencyMiddleware as IdempotencyMiddleware
+from .asgi import LookupApp as LookupApp
+from .lookup import http_answer as http_answer
+from .lookup import lookup as lookup
+from .mcp import ReplayedError as ReplayedError
+from .mcp import deduplicated as deduplicated
+from .mcp import key_from_meta as key_from_meta
+
+__all__ = [
+    "REPLAYED_HEADER",
+    "IdempotencyMiddleware",
+    "IdempotencyStore",
+    "KeyRecord",
+    "KeyState",
+    "LookupApp",
+    "ReplayedError",
+    "deduplicated",
+    "http_answer",
+    "key_from_meta",
+    "lookup",
+]

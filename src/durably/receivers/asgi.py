@@ -1,0 +1,280 @@
+"""An ASGI middleware giving any ASGI service Stripe's ``Idempotency-Key`` semantics.
+
+Wrap the application once::
+
+    store = IdempotencyStore("idempotency.sqlite3", ttl=timedelta(hours=24))
+    app = IdempotencyMiddleware(app, store=store)
+
+For a request whose method is in ``methods`` (POST, PUT, PATCH, DELETE) and that
+carries an ``Idempotency-Key`` header:
+
+- the first request with the key runs; its response — status, headers and body,
+  errors included (a 4xx, a 5xx, an exception becomes a stored 500) — is written
+  durably *before* it is sent, then sent;
+- a later request with the key and the same method, path, query and body gets
+  the stored response again, with ``Idempotent-Replayed: true``; the
+  application does not see it;
+- the same key with a different method, path, query or body gets ``422``;
+- a request with the key while the first is still running waits up to ``wait``
+  seconds for it to finish and then gets its response; if it is still running
+  then, ``409`` with ``Retry-After`` (durably's HTTP tools retry it);
+- a key older than the store's TTL counts as new.
+
+Requests without the header, other methods and other protocols (websocket,
+lifespan) pass through untouched. Responses with a key are buffered whole
+before they are sent, so do not put keys on streaming endpoints.
+
+One limit no middleware can lift: the application's own effect and the stored
+response are two commits. If the *service* dies between them, the key stays in
+flight (409, and its lookup says so) until it expires; nothing guesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Collection, MutableMapping, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from ..transports.http import IDEMPOTENCY_HEADER
+from ._store import (
+    Busy,
+    Claimed,
+    IdempotencyStore,
+    Mismatch,
+    Replay,
+    StoredResponse,
+    valid_key,
+)
+from .lookup import http_answer, lookup
+
+__all__ = ["REPLAYED_HEADER", "ASGIApp", "IdempotencyMiddleware", "LookupApp"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+REPLAYED_HEADER: Final = "Idempotent-Replayed"
+"""Set to ``true`` on a response replayed from the store."""
+
+_HEADER: Final = IDEMPOTENCY_HEADER.lower().encode("latin-1")
+# Per-connection or per-moment headers: a replay gets fresh ones from the server.
+_NOT_STORED: Final = frozenset({"date", "server", "connection", "keep-alive", "transfer-encoding"})
+_CRASHED: Final = StoredResponse(
+    status=500,
+    headers=[("content-type", "text/plain; charset=utf-8"), ("content-length", "21")],
+    body=b"Internal Server Error",
+)
+
+
+class IdempotencyMiddleware:
+    """Stripe-style ``Idempotency-Key`` handling in front of an ASGI application.
+
+    Args:
+        app: the application.
+        store: where keys and responses live (its TTL and clock apply).
+        wait: seconds a concurrent duplicate waits for the first request
+            before getting ``409``.
+        methods: the methods keys apply to.
+        lookup_path: also answer ``GET <lookup_path>/<key>`` (see
+            :mod:`durably.receivers.lookup`); None (the default) leaves lookups
+            to a :class:`LookupApp` you mount behind your own authentication.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: IdempotencyStore,
+        wait: float = 10.0,
+        methods: Collection[str] = ("POST", "PUT", "PATCH", "DELETE"),
+        lookup_path: str | None = None,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.wait = wait
+        self.methods = frozenset(m.upper() for m in methods)
+        self.lookup = LookupApp(store, prefix=lookup_path) if lookup_path is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one ASGI connection."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.lookup is not None and self.lookup.matches(scope):
+            await self.lookup(scope, receive, send)
+            return
+        raw_key = next((v for k, v in scope.get("headers", ()) if k == _HEADER), None)
+        if raw_key is None or scope["method"] not in self.methods:
+            await self.app(scope, receive, send)
+            return
+        key = raw_key.decode("latin-1")
+        if not valid_key(key):
+            await _send_json(send, 400, {"error": "invalid-idempotency-key", "key": key[:300]})
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left before sending its body; nothing ran
+        claim = await self.store.claim(key, _fingerprint(scope, body), wait=self.wait)
+        if isinstance(claim, Replay):
+            if isinstance(claim.result, StoredResponse):
+                await _send_stored(send, claim.result, replayed=True)
+            else:  # an MCP tool's key arriving over HTTP
+                await _send_json(send, 422, {"error": "idempotency-key-reused", "key": key})
+        elif isinstance(claim, Mismatch):
+            await _send_json(
+                send,
+                422,
+                {
+                    "error": "idempotency-key-reused",
+                    "key": key,
+                    "detail": "this key was used with a different method, path or body",
+                },
+            )
+        elif isinstance(claim, Busy):
+            await _send_json(
+                send,
+                409,
+                {"error": "idempotency-key-in-flight", "key": key},
+                extra=[(b"retry-after", b"1")],
+            )
+        else:
+            await self._run(claim, scope, _replaying(body, receive), send)
+
+    async def _run(self, claim: Claimed, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 500
+        headers: list[tuple[str, str]] = []
+        chunks: list[bytes] = []
+        finished = False
+
+        async def capture(message: Message) -> None:
+            nonlocal status, headers, finished
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [
+                    (bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1"))
+                    for k, v in message.get("headers", ())
+                ]
+            elif message["type"] == "http.response.body" and not finished:
+                chunks.append(bytes(message.get("body", b"")))
+                if not message.get("more_body", False):
+                    finished = True
+                    response = StoredResponse(
+                        status=status,
+                        headers=[(k, v) for k, v in headers if k not in _NOT_STORED],
+                        body=b"".join(chunks),
+                    )
+                    # Durable before the client sees it: a client that got an answer can
+                    # always get the same answer again.
+                    await self.store.finish(claim, response)
+                    await _send_stored(send, response, replayed=False)
+
+        try:
+            await self.app(scope, receive, capture)
+        except Exception:
+            if not finished:
+                finished = True
+                await self.store.finish(claim, _CRASHED)
+            raise
+        if not finished:  # the app returned without completing a response
+            await self.store.finish(claim, _CRASHED)
+            await _send_stored(send, _CRASHED, replayed=False)
+
+
+class LookupApp:
+    """An ASGI app answering ``GET <prefix>/<key>`` from an :class:`IdempotencyStore`.
+
+    Mount it where your framework applies authentication: a stored response is
+    as private as the request that produced it.
+    """
+
+    def __init__(self, store: IdempotencyStore, *, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix.rstrip("/") + "/"
+
+    def matches(self, scope: Scope) -> bool:
+        """True for a GET under this app's prefix."""
+        path: str = scope.get("path", "")
+        return scope.get("method") == "GET" and path.startswith(self.prefix)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one lookup."""
+        if scope["type"] != "http":
+            return
+        key = scope.get("path", "")[len(self.prefix) :] if self.matches(scope) else ""
+        if not valid_key(key):
+            await _send_json(send, 400, {"error": "invalid-idempotency-key"})
+            return
+        answer = http_answer(await lookup(self.store, key))
+        await _send_stored(
+            send,
+            StoredResponse(status=answer.status, headers=answer.headers, body=answer.body),
+            replayed=False,
+        )
+
+
+def _fingerprint(scope: Scope, body: bytes) -> str:
+    digest = hashlib.sha256(b"http\0")
+    for part in (scope["method"], scope.get("path", ""), scope.get("query_string", b"")):
+        data = part.encode("utf-8") if isinstance(part, str) else bytes(part)
+        digest.update(b"%d:" % len(data))
+        digest.update(data)
+    digest.update(hashlib.sha256(body).digest())
+    return digest.hexdigest()
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        if message["type"] == "http.request":
+            chunks.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the body already read, then the real channel."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _send_stored(send: Send, response: StoredResponse, *, replayed: bool) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+    if not any(k == b"content-length" for k, _ in headers):
+        headers.append((b"content-length", str(len(response.body)).encode()))
+    if replayed:
+        headers.append((REPLAYED_HEADER.lower().encode("latin-1"), b"true"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], *, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    data = msgspec.json.encode(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data, "more_body": False})
