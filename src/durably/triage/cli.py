@@ -18,13 +18,14 @@ from rich.table import Table
 
 from .. import faults
 from ..approval import Approver, PolicyApprover, TerminalApprover
-from ..errors import DurablyError
+from ..errors import DurablyError, ModelError
 from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
+from ..models.select import choose_model
 from ..state import Phase
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
-from .agent import build_agent
+from .agent import build_agent, recording_path
 from .checks import run_checks
 from .world import TASKS, World, load_task
 
@@ -102,12 +103,6 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
     if args.task not in TASKS:
         errors.print(f"[red]error:[/red] unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
         return EXIT["usage"]
-    if args.model != "replay":
-        errors.print(
-            f"[red]error:[/red] model {args.model!r} is not available in this build; "
-            "use --model replay"
-        )
-        return EXIT["usage"]
     state_dir: Path = args.state
     store = (
         JournalStore(state_dir / "runs")
@@ -122,11 +117,26 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
     else:
         world = World.open(worlds_dir(state_dir) / run_id)
 
+    try:
+        # A provider model also records the run into the world, so it can become a test.
+        model = choose_model(
+            args.model,
+            recording=recording_path(world.task),
+            log=world.model_log,
+            record_to=world.root / "recording.json",
+        )
+    except ModelError as exc:
+        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        if not resuming:
+            shutil.rmtree(world.root)  # made a moment ago for a run that never started
+        return EXIT["usage"]
+
     approver: Approver = TerminalApprover() if args.approve == "on" else PolicyApprover()
     agent = build_agent(
         world=world,
         store=store,
         approver=approver,
+        model=model,
         limits=Limits(max_turns=args.max_turns, max_dollars=args.max_dollars),
         observer=_Live(console),
     )

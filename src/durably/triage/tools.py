@@ -107,7 +107,7 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
     ) -> Lookup:
         for issue in tracker.issues():
             if issue.key == ctx.idempotency_key:
-                return Found(msgspec.json.encode(issue).decode())
+                return Found(_for_model(issue))
         return NOT_FOUND
 
     @tool(effect=keyed, key_ttl=ttl, needs_approval=True, lookup=find_issue)
@@ -118,12 +118,12 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
         filed = tracker.file_issue(
             title=title, body=body, cause=cause, reports=reports, key=ctx.idempotency_key
         )
-        return msgspec.json.encode(filed).decode()
+        return _for_model(filed)
 
     async def find_comment(ctx: ToolContext, number: int, body: str) -> Lookup:
         for comment in tracker.comments(number):
             if comment.key == ctx.idempotency_key:
-                return Found(msgspec.json.encode(comment).decode())
+                return Found(_for_model(comment))
         return NOT_FOUND
 
     @tool(
@@ -134,7 +134,7 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
     async def comment_issue(ctx: ToolContext, number: int, body: str) -> str:
         """Add a comment to an issue (for example, the fix that closes it)."""
         comment = tracker.comment(number=number, body=body, key=ctx.idempotency_key)
-        return msgspec.json.encode(comment).decode()
+        return _for_model(comment)
 
     async def patched(ctx: ToolContext, path: str, old: str, new: str) -> Mapping[str, str]:
         return {path: _apply(_workspace(ctx).read_text(path), path, old, new)}
@@ -179,6 +179,17 @@ def _apply(text: str, path: str, old: str, new: str) -> str:
     if count != 1:
         raise ValueError(f"the snippet to replace occurs {count} times in {path}, not once")
     return text.replace(old, new, 1)
+
+
+def _for_model(record: msgspec.Struct) -> str:
+    """A tracker record as the model sees it: without the idempotency key it carried.
+
+    Keys travel in the harness's channel only; a key in a tool result could be
+    copied by the model into arguments it writes.
+    """
+    fields = msgspec.structs.asdict(record)
+    fields.pop("key", None)
+    return msgspec.json.encode(fields).decode()
 
 
 def _workspace(ctx: ToolContext) -> Workspace:

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -300,7 +301,16 @@ class Tracker:
         self._clock = clock or _system_clock
         with closing(self._connect()) as connection:
             # WAL is a property of the file: set once, kept by every later connection.
-            connection.execute("PRAGMA journal_mode=WAL")
+            # Switching to it can answer SQLITE_BUSY without waiting on the busy
+            # handler while another process creates the same database: try again.
+            for attempt in range(200):
+                try:
+                    connection.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or attempt == 199:
+                        raise
+                    time.sleep(0.01)
             with self._transaction(connection):
                 for statement in _SCHEMA:
                     connection.execute(statement)

@@ -1,0 +1,210 @@
+"""What the provider adapters share: retries, error translation, small codecs.
+
+A model call has no side effect, so a transient failure (rate limit, overload,
+timeout, a 5xx) is retried inside the call, with exponential backoff and
+jitter, a bounded number of times. Everything else becomes a
+:class:`~durably.ModelError` at once, with a remedy. The SDKs' own retries are
+switched off (``max_retries=0``) so that this is the only retry and tests can
+drive it with a fake sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+from ..errors import ModelError
+
+__all__ = [
+    "SUMMARY_INTRO",
+    "Failure",
+    "Retry",
+    "canonical_json",
+    "classify_sdk_error",
+    "parse_object",
+    "with_retries",
+]
+
+SUMMARY_INTRO = (
+    "Summary of the earlier part of this conversation (its messages were dropped to "
+    "save context):\n\n"
+)
+"""Opens the user message that carries the context policy's summary."""
+
+
+def canonical_json(value: Any) -> str:
+    """One serialisation per value: sorted keys, no spaces, non-ASCII kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_object(raw: str) -> dict[str, Any]:
+    """A saved argument string as a JSON object; ``{}`` when it is not one.
+
+    Arguments that are not an object never ran (the loop answered them with an
+    error), so the provider is only told that the call carried nothing usable.
+    """
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+_T = TypeVar("_T")
+
+
+def _jitter(low: float, high: float) -> float:
+    return random.uniform(low, high)  # noqa: S311 -- spreads retries out; not a secret
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """How a model adapter retries transient provider failures.
+
+    The n-th wait is drawn between half and all of ``min(cap, base * 2**(n-1))``
+    seconds, or is the provider's ``retry-after`` when that is longer (up to ``cap``).
+    """
+
+    attempts: int = 5
+    """Tries in all, the first included; at least 1."""
+    base: float = 1.0
+    cap: float = 30.0
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """Waits between attempts; tests pass a recorder instead."""
+    jitter: Callable[[float, float], float] = _jitter
+    """Draws a number between its two arguments."""
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
+        ceiling = min(self.cap, self.base * 2 ** (attempt - 1))
+        wait = self.jitter(ceiling / 2, ceiling)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.cap))
+        return wait
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """What a provider error means for the caller."""
+
+    transient: bool
+    reason: str
+    remedy: str
+    retry_after: float | None = None
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[_T]],
+    *,
+    provider: str,
+    classify: Callable[[Exception], Failure | None],
+    retry: Retry,
+) -> _T:
+    """Await ``call()``, retrying transient failures; raise ``ModelError`` for the rest.
+
+    Exceptions ``classify`` does not recognise (it returns None) propagate unchanged.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await call()
+        except Exception as exc:
+            failure = classify(exc)
+            if failure is None:
+                raise
+            if not failure.transient or attempt >= max(1, retry.attempts):
+                tries = f" (after {attempt} attempts)" if failure.transient else ""
+                raise ModelError(
+                    provider=provider, reason=failure.reason + tries, remedy=failure.remedy
+                ) from exc
+            await retry.sleep(retry.delay(attempt, failure.retry_after))
+
+
+def _retry_after(exc: Any) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: fall back to our own backoff
+
+
+def classify_sdk_error(
+    exc: Exception, *, sdk: ModuleType, provider: str, key_env: str, model: str
+) -> Failure | None:
+    """Classify an error raised by the ``anthropic`` or ``openai`` SDK (they share a shape).
+
+    Args:
+        exc: what the SDK raised.
+        sdk: the SDK module, for its error classes.
+        provider: the provider's name, for messages.
+        key_env: the environment variable holding the API key, for remedies.
+        model: the model asked for, for remedies.
+    """
+    wait = "the run's state is saved: resume it later"
+    if isinstance(exc, sdk.APITimeoutError):
+        return Failure(transient=True, reason="the request timed out", remedy=wait)
+    if isinstance(exc, sdk.APIConnectionError):
+        return Failure(
+            transient=True,
+            reason=f"could not reach the API ({exc})",
+            remedy=f"check the network and the base URL; {wait}",
+        )
+    if not isinstance(exc, sdk.APIStatusError):
+        return None
+    status: int = exc.status_code
+    said = str(getattr(exc, "message", "") or exc)[:300]
+    if status == 401:
+        return Failure(
+            transient=False,
+            reason=f"the API key was refused (401: {said})",
+            remedy=f"check the API key: set {key_env} to a valid key",
+        )
+    if status == 403:
+        return Failure(
+            transient=False,
+            reason=f"permission denied (403: {said})",
+            remedy=f"check that the API key in {key_env} may use model {model!r}",
+        )
+    if status == 404:
+        return Failure(
+            transient=False,
+            reason=f"not found (404: {said})",
+            remedy=f"check the model name {model!r} and the base URL",
+        )
+    if status == 429:
+        return Failure(
+            transient=True,
+            reason=f"rate limited (429: {said})",
+            remedy=f"lower the request rate or raise the account's limits; {wait}",
+            retry_after=_retry_after(exc),
+        )
+    if status in (503, 529):
+        return Failure(
+            transient=True,
+            reason=f"the provider is overloaded ({status}: {said})",
+            remedy=wait,
+            retry_after=_retry_after(exc),
+        )
+    if status == 408 or status == 409 or status >= 500:
+        return Failure(
+            transient=True,
+            reason=f"the provider failed ({status}: {said})",
+            remedy=wait,
+            retry_after=_retry_after(exc),
+        )
+    return Failure(
+        transient=False,
+        reason=f"the provider refused the request ({status}: {said})",
+        remedy=(
+            "the conversation may be too long for the model, or durably built a request "
+            "the provider does not accept: report it with the run's checkpoint"
+        ),
+    )

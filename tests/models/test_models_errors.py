@@ -1,0 +1,252 @@
+"""Provider failures: transient ones are retried inside the call, the rest are ModelErrors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _models_fakes import (
+    M1,
+    SECRET,
+    Answer,
+    FakeProvider,
+    close,
+    error_body,
+    provider_model,
+    recorded_answer,
+    recorded_turns,
+    serving,
+)
+
+from durably import (
+    FileStore,
+    Limits,
+    Model,
+    ModelError,
+    ModelRequest,
+    PolicyApprover,
+    Reply,
+    TurnLimit,
+    new_run_id,
+)
+from durably.models.anthropic import Retry
+from durably.state import Phase, UserMessage
+from durably.triage.agent import build_agent
+from durably.triage.world import World, load_task
+
+PROVIDERS = ("anthropic", "openai")
+KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+OVERLOADED = {"anthropic": 529, "openai": 503}
+
+REQUEST = ModelRequest(
+    run_id="r-1",
+    turn=1,
+    system="You triage crash reports.",
+    messages=(UserMessage(text="Triage batch m1."),),
+    tools=(),
+)
+
+
+class Sleeps:
+    """A sleep that returns at once and remembers how long it was asked to wait."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def no_jitter(low: float, high: float) -> float:
+    """Always the longest wait, so the waits are predictable."""
+    return high
+
+
+def ask(model: Model, request: ModelRequest = REQUEST) -> Reply:
+    """One model call in a fresh event loop, closing the client after."""
+
+    async def go() -> Reply:
+        try:
+            return await model.reply(request)
+        finally:
+            await close(model)
+
+    return asyncio.run(go())
+
+
+def failing(provider: str, status: int, times: int, **headers: str) -> list[Answer]:
+    """``times`` error responses with ``status``."""
+    return [(status, error_body(provider, status, f"status {status}"), headers)] * times
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_rate_limit_is_retried_after_a_backoff(provider: str) -> None:
+    """429 then 200 gives one reply from two requests, with one wait in between."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = failing(provider, 429, 1, **{"retry-after": "0"})
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        reply = ask(model)
+    assert [call.name for call in reply.calls] == ["list_reports"]
+    assert len(fake.seen) == 2
+    assert sleeps.waits == [1.0]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_overload_backs_off_exponentially_then_gives_up(provider: str) -> None:
+    """An overload that outlasts the attempts waits 1 s, 2 s, then raises ModelError."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = failing(provider, OVERLOADED[provider], 3)
+    with serving(fake):
+        retry = Retry(attempts=3, sleep=sleeps, jitter=no_jitter)
+        model = provider_model(provider, fake.base_url, retry=retry)
+        with pytest.raises(ModelError, match="after 3 attempts") as raised:
+            ask(model)
+    assert len(fake.seen) == 3
+    assert sleeps.waits == [1.0, 2.0]
+    assert raised.value.provider == provider
+    assert "resume" in str(raised.value)
+
+
+def test_the_provider_retry_after_is_honoured_up_to_the_cap() -> None:
+    """A longer retry-after replaces the backoff, and the cap bounds it."""
+    retry = Retry(base=1.0, cap=30.0, jitter=no_jitter)
+    assert retry.delay(1) == 1.0
+    assert retry.delay(3) == 4.0
+    assert retry.delay(1, retry_after=7.0) == 7.0
+    assert retry.delay(1, retry_after=600.0) == 30.0
+    assert retry.delay(10) == 30.0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_refused_key_is_a_model_error_at_once(provider: str) -> None:
+    """401 is not retried: ModelError names the API key's variable, never the key."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = failing(provider, 401, 1)
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps))
+        with pytest.raises(ModelError) as raised:
+            ask(model)
+    message = str(raised.value)
+    assert len(fake.seen) == 1
+    assert sleeps.waits == []
+    assert "API key" in message
+    assert KEY_ENV[provider] in message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_bad_request_is_not_retried(provider: str) -> None:
+    """400 is a ModelError after one request, saying the provider refused the request."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = failing(provider, 400, 1)
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps))
+        with pytest.raises(ModelError, match="refused the request"):
+            ask(model)
+    assert len(fake.seen) == 1
+    assert sleeps.waits == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "answer"),
+    [
+        (
+            "anthropic",
+            {
+                "id": "m",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": [{"type": "text", "text": "The answer is"}],
+                "stop_reason": "max_tokens",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 10, "output_tokens": 4096},
+            },
+        ),
+        (
+            "openai",
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-4.1",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "The answer is"},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 4096, "total_tokens": 4106},
+            },
+        ),
+    ],
+)
+def test_a_reply_cut_off_is_not_taken_for_an_answer(provider: str, answer: dict[str, Any]) -> None:
+    """A reply stopped by the token limit is a ModelError, never a truncated final answer."""
+    fake = FakeProvider(provider, lambda turn: answer)
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, log=None)
+        with pytest.raises(ModelError, match="cut off"):
+            ask(model)
+    assert len(fake.seen) == 1
+
+
+def test_an_unreachable_api_is_retried_then_reported() -> None:
+    """A refused connection is retried like any transient failure, then named."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sleeps = Sleeps()
+    retry = Retry(attempts=2, sleep=sleeps, jitter=no_jitter)
+    model = provider_model("openai", f"http://127.0.0.1:{port}/v1", retry=retry)
+    with pytest.raises(ModelError, match="could not reach") as raised:
+        ask(model)
+    assert sleeps.waits == [1.0]
+    assert "after 2 attempts" in str(raised.value)
+
+
+def test_a_model_error_leaves_the_saved_state_as_it_was(tmp_path: Path) -> None:
+    """A provider failure at turn 2 saves nothing; resuming later asks for turn 2 and goes on."""
+    world = World.create(tmp_path / "world", M1)
+    store_dir = tmp_path / "runs"
+    run_id = new_run_id(M1)
+    fake = FakeProvider("anthropic", recorded_answer("anthropic", recorded_turns()))
+    fake.errors[2] = failing("anthropic", 401, 1)
+
+    async def run_then_resume() -> None:
+        first = provider_model("anthropic", fake.base_url, log=world.model_log)
+        store = FileStore(store_dir)
+        agent = build_agent(world=world, store=store, approver=PolicyApprover(), model=first)
+        try:
+            with pytest.raises(ModelError):
+                await agent.run(load_task(M1).description, run_id=run_id)
+            state = store.read_sync(run_id)
+            assert (state.phase, state.turns, state.stop_reason) == (Phase.MODEL, 1, None)
+            second = provider_model("anthropic", fake.base_url, log=world.model_log)
+            again = build_agent(
+                world=world,
+                store=store,
+                approver=PolicyApprover(),
+                model=second,
+                limits=Limits(max_turns=2),
+            )
+            with pytest.raises(TurnLimit):
+                await again.resume(run_id)
+            assert store.read_sync(run_id).turns == 2
+            await close(second)
+        finally:
+            await close(first)
+            store.close()
+
+    with serving(fake):
+        asyncio.run(run_then_resume())
+    assert fake.turns() == [1, 2, 2]
