@@ -20,7 +20,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
@@ -177,6 +177,55 @@ def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> 
     return asyncio.run(triage(args, console, errors))
 
 
+def _power_loss(console: Console, errors: Console) -> int:
+    """Every power cut at every operation of both stores' saves: how many disks, how many wrong."""
+    import functools
+
+    from .stores.journal import JournalStore
+    from .sweep.powerloss import MUTANTS, check_lock_exclusion, explore
+
+    stores: dict[str, Callable[..., FileStore]] = {
+        "snapshot": FileStore,
+        "journal": JournalStore,
+        "journal, compacting": functools.partial(
+            JournalStore, compact_min_bytes=0, compact_ratio=0.5
+        ),
+    }
+    table = Table(title="power-loss model: every legal disk after every operation")
+    for header in ("store", "mode", "points", "disk states", "images loaded", "violations"):
+        table.add_column(header, justify="left" if header in ("store", "mode") else "right")
+    violations = 0
+    for name, store in stores.items():
+        for resume in (False, True):
+            found = explore(saves=4, store=store, resume=resume)
+            violations += len(found.violations)
+            table.add_row(
+                name,
+                "open (restart)" if resume else "read",
+                str(found.points),
+                str(found.states),
+                str(found.images),
+                str(len(found.violations)),
+                style="red" if found.violations else "",
+            )
+            for violation in found.violations[:3]:
+                errors.print(f"[red]violation:[/red] {name}: {violation}")
+    lock = check_lock_exclusion()
+    violations += len(lock)
+    console.print(table, width=max(console.width, 110))
+    caught = sum(1 for mutant in MUTANTS if _mutant_caught(mutant))
+    console.print(
+        f"lock exclusion: {len(lock)} violations; seeded mutants caught: {caught}/{len(MUTANTS)}"
+    )
+    return EXIT["failed"] if violations or caught != len(MUTANTS) else EXIT["done"]
+
+
+def _mutant_caught(mutant: str) -> bool:
+    from .sweep.powerloss import check_lock_exclusion, check_protocol
+
+    return bool(check_protocol(saves=3, mutant=mutant) or check_lock_exclusion(mutant=mutant))
+
+
 def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
     from rich.progress import (
         BarColumn,
@@ -191,6 +240,8 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
     from .triage.job import TriageJob
     from .triage.world import TASKS
 
+    if args.power_loss:
+        return _power_loss(console, errors)
     if args.task not in TASKS:
         errors.print(f"error: unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
         return EXIT["usage"]
@@ -319,6 +370,12 @@ def _parser() -> argparse.ArgumentParser:
         "ignored, fickle model, naive retry, at-most-once",
     )
     sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    sweep.add_argument(
+        "--power-loss",
+        action="store_true",
+        help="instead, check both stores against every legal disk after every power cut, "
+        "and that every seeded mutant of the save protocol is caught",
+    )
     sweep.add_argument("--json", type=Path, help="write every scenario as JSON to this file")
     sweep.add_argument("--text", type=Path, help="write the table as plain text to this file")
     sweep.set_defaults(handler=_cmd_sweep)
@@ -326,7 +383,93 @@ def _parser() -> argparse.ArgumentParser:
     runs_cmd = commands.add_parser("runs", help="list runs")
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
+    _add_worker_commands(commands)
     return parser
+
+
+# -- Postgres workers: `durably worker` and `durably submit` ---------------------------
+# Kept in one block: the commands live in durably.worker; only their wiring is here.
+
+
+def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from .worker import serve
+
+    try:
+        asyncio.run(
+            serve(
+                dsn=args.dsn,
+                concurrency=args.concurrency,
+                state_dir=args.state,
+                lease=args.lease,
+                imports=args.imports,
+                say=console.print,
+            )
+        )
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        return EXIT["usage"]
+    return EXIT["done"]
+
+
+def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from .worker import submit_command
+
+    try:
+        run_id = asyncio.run(
+            submit_command(
+                dsn=args.dsn,
+                agent_name=args.agent,
+                task=args.task,
+                run_id=args.run,
+                imports=args.imports,
+            )
+        )
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        return EXIT["usage"]
+    console.print(run_id, highlight=False)
+    return EXIT["done"]
+
+
+def _add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def common(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--dsn",
+            default=os.environ.get("DURABLY_DSN"),
+            required="DURABLY_DSN" not in os.environ,
+            help="PostgreSQL connection string (default: $DURABLY_DSN)",
+        )
+        command.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="import MODULE first; it registers agents with durably.worker.register",
+        )
+
+    worker = commands.add_parser(
+        "worker", help="claim runs from a Postgres store and carry them on until SIGTERM"
+    )
+    common(worker)
+    worker.add_argument("--concurrency", type=int, default=4, help="runs at once (default: 4)")
+    worker.add_argument(
+        "--state",
+        type=Path,
+        default=Path(".durably"),
+        help="where triage runs keep their worlds (default: .durably)",
+    )
+    worker.add_argument(
+        "--lease", type=float, default=15.0, help="lease length in seconds (default: 15)"
+    )
+    worker.set_defaults(handler=_cmd_worker)
+
+    submit = commands.add_parser("submit", help="queue a run for a worker to start")
+    common(submit)
+    submit.add_argument("--agent", required=True, help="registered agent name, e.g. triage:TASK")
+    submit.add_argument("--task", help="the task (default: the agent's own, for triage)")
+    submit.add_argument("--run", help="use this run ID (default: a new one)")
+    submit.set_defaults(handler=_cmd_submit)
 
 
 def _exit_code(exc: DurablyError) -> int:

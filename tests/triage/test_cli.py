@@ -267,3 +267,17 @@ def test_runs_lists_a_finished_run_with_its_phase_and_turns(state: Path) -> None
     cells = [cell.strip() for cell in row.strip("│ ").split("│")]
     assert cells[:3] == [run, "done", str(turns)]
     assert turns > 0
+
+
+def test_the_power_loss_sweep_finds_no_violation_and_catches_every_mutant() -> None:
+    """`durably sweep --power-loss` exits 0: no store loses a save, every mutant is caught."""
+    result = subprocess.run(
+        [sys.executable, "-m", "durably", "sweep", "--power-loss"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "seeded mutants caught: 6/6" in result.stdout
+    assert "lock exclusion: 0 violations" in result.stdout
