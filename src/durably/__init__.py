@@ -64,6 +64,16 @@ from .tools import ToolInDoubt as ToolInDoubt
 from .tools import tool as tool
 from .workspace import Workspace as Workspace
 
+
+def __getattr__(name: str) -> object:
+    # Integrations load on first use, so `import durably` never imports psycopg.
+    if name == "PostgresStore":
+        from .stores.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module 'durably' has no attribute {name!r}")
+
+
 try:
     __version__ = version("durably")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without install

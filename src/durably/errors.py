@@ -213,12 +213,17 @@ class Locked(OwnershipError):
 
     __module__ = "durably"
 
-    def __init__(self, *, run_id: str, path: str) -> None:
+    def __init__(self, *, run_id: str, path: str, lease: bool = False) -> None:
         self.run_id = run_id
         self.path = path
+        freed = (
+            "its lease lapses if that process dies, and a worker then takes the run over"
+            if lease
+            else "the lock is freed the moment that process exits"
+        )
         super().__init__(
-            f"run {run_id!r} is open in another process (lock {path}); wait for it to "
-            "finish or stop it; the lock is freed the moment that process exits"
+            f"run {run_id!r} is open in another process ({'lease' if lease else 'lock'} "
+            f"{path}); wait for it to finish or stop it; {freed}"
         )
 
 

@@ -1,0 +1,824 @@
+"""The Postgres store: runs in a table, owned through leases with fencing tokens.
+
+One row of ``durably_runs`` per run holds its state (the same checksummed
+envelope the file store writes) and its lease: the owner, when the lease
+expires, and a fencing token that grows by one on every acquisition. Every
+expiry is decided by the database clock (``now() + interval``); this process's
+clock is never compared with the database's.
+
+- Opening takes the lease only if it is free or expired, in one ``UPDATE ...
+  RETURNING``; otherwise ``Locked``.
+- Every save is one ``UPDATE`` conditional on the token and an unexpired lease.
+  Zero rows means another process took the run over (or the lease lapsed):
+  ``LeaseLost``, and nothing was written. Because the lease lives in the same
+  row as the state, a takeover waits for a save in flight and then reads it,
+  and a save after a takeover finds the new token: the two are serialized by
+  the row lock.
+- While a handle is open an asyncio task renews the lease every
+  ``renew_every``. A renewal that finds the lease gone, or that cannot reach the
+  database before the lease would have run out, marks the handle lost, so the
+  next save (the loop saves before every call that can act) raises ``LeaseLost``
+  before any side effect.
+- Closing cancels the renewal and frees the lease.
+
+The schema is created and migrated by the library (:data:`MIGRATIONS`, applied
+in one transaction under a transaction-scoped advisory lock, recorded in
+``durably_schema``). ``docs/postgres.md`` describes the tables.
+
+psycopg is imported when a store is made, never by ``import durably``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from ..errors import (
+    CheckpointCorrupt,
+    CheckpointTooNew,
+    LeaseLost,
+    Locked,
+    RunExists,
+    RunNotFound,
+    SaveFailed,
+)
+from ..keys import validate_run_id
+from ..state import RunState, utcnow
+from ._envelope import open_envelope, seal
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
+
+__all__ = [
+    "MIGRATIONS",
+    "QUEUED",
+    "RUNS_TO_CLAIM",
+    "Claim",
+    "Lease",
+    "Migration",
+    "PostgresRun",
+    "PostgresStore",
+    "StoreStats",
+    "current_lease",
+]
+
+log = logging.getLogger("durably.store")
+_T = TypeVar("_T")
+
+QUEUED = "queued"
+"""The ``phase`` column of a submitted run that no worker has started yet (no state)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    """One step of the schema; applied once, in order, recorded in ``durably_schema``."""
+
+    version: int
+    description: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        description="runs with their lease and the worker queue",
+        sql="""
+        CREATE TABLE durably_runs (
+            run_id     text PRIMARY KEY
+                       CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+            agent      text,
+            task       text NOT NULL,
+            phase      text NOT NULL,
+            state      bytea,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            saved_at   timestamptz,
+            owner      text,
+            token      bigint NOT NULL DEFAULT 0 CHECK (token >= 0),
+            expires_at timestamptz,
+            parked     text,
+            CHECK ((state IS NULL) = (phase = 'queued'))
+        );
+        CREATE INDEX durably_runs_claimable ON durably_runs (created_at)
+            WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL;
+        """,
+    ),
+)
+"""The schema, step by step. Append new steps; never edit an applied one."""
+
+_SCHEMA_LOCK = 0x64757261626C7931  # "durably1": the advisory lock serializing migrations
+_RETRY_FIRST = 0.02
+_RETRY_MAX = 0.5
+
+_CREATE = """
+INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, expires_at)
+VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING token
+"""
+
+_ENQUEUE = """
+INSERT INTO durably_runs (run_id, agent, task, phase)
+VALUES (%(run_id)s, %(agent)s, %(task)s, 'queued')
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id
+"""
+
+_ACQUIRE = """
+UPDATE durably_runs
+SET owner = %(owner)s, token = token + 1, expires_at = now() + %(lease)s
+WHERE run_id = %(run_id)s AND state IS NOT NULL
+  AND (expires_at IS NULL OR expires_at <= now())
+RETURNING token, state
+"""
+
+_WHY_NOT = """
+SELECT state IS NULL, owner, expires_at, expires_at > now() FROM durably_runs
+WHERE run_id = %(run_id)s
+"""
+
+RUNS_TO_CLAIM = """
+WITH claimable AS (
+    SELECT run_id FROM durably_runs
+    WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
+      AND agent = ANY(%(agents)s)
+      AND (expires_at IS NULL OR expires_at <= now())
+    ORDER BY created_at, run_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE durably_runs AS r
+SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
+FROM claimable
+WHERE r.run_id = claimable.run_id
+RETURNING r.run_id, r.agent, r.task, r.token, r.state
+"""
+"""Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
+person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any
+number of workers claim at once without waiting on each other's rows."""
+
+_SAVE = """
+UPDATE durably_runs
+SET state = %(state)s, phase = %(phase)s, saved_at = now(), parked = NULL
+WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+"""
+
+_RENEW = """
+UPDATE durably_runs SET expires_at = now() + %(lease)s
+WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+RETURNING token
+"""
+
+_RELEASE = """
+UPDATE durably_runs SET expires_at = NULL
+WHERE run_id = %(run_id)s AND token = %(token)s
+"""
+
+_PARK = """
+UPDATE durably_runs SET parked = %(reason)s
+WHERE run_id = %(run_id)s AND token = %(token)s
+"""
+
+_READ = "SELECT state FROM durably_runs WHERE run_id = %(run_id)s"
+_LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """A run's lease as one handle holds it: whose, and under which fencing token."""
+
+    run_id: str
+    token: int
+    owner: str
+
+
+_current_lease: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
+    "durably_current_lease", default=None
+)
+
+
+def current_lease() -> Lease | None:
+    """The lease of the Postgres run the current task drives, or None.
+
+    A tool whose service can check a fencing token (reject requests carrying a
+    token lower than one it has seen for the run) sends ``current_lease().token``:
+    that closes the one window leases cannot, a process that stalls between its
+    attempt save and the request while another process takes the run over.
+    """
+    return _current_lease.get()
+
+
+@dataclass
+class StoreStats:
+    """Counters of one store, for workers' reports and tests."""
+
+    acquisitions: int = 0
+    """Leases taken: creates, opens and claims."""
+    saves: int = 0
+    """Saves the database accepted."""
+    stale_saves: int = 0
+    """Saves refused because the lease was lost: nothing was written."""
+    renewals: int = 0
+    lost: int = 0
+    """Handles marked lost by a failed renewal."""
+    retries: int = 0
+    """Statements tried again after a connection error."""
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A connection-level failure: the server went away, is starting, or the pool is empty."""
+    import psycopg
+
+    return isinstance(exc, psycopg.OperationalError)
+
+
+class PostgresStore:
+    """Runs in a PostgreSQL table, owned through leases with fencing tokens.
+
+    Args:
+        dsn: a libpq connection string or URL. Tables are created in the first
+            schema of the connection's ``search_path``.
+        owner: names this process in the lease (default: host, PID and a random tag).
+        lease: how long a lease lasts without renewal. A process that stalls
+            (GC pause, SIGSTOP, lost network) for longer loses its runs to others.
+        renew_every: how often open handles renew their lease (default: a third
+            of ``lease``).
+        pool: a ``psycopg_pool.AsyncConnectionPool`` to use instead of the
+            store's own; the caller opens and closes it.
+    """
+
+    def __init__(
+        self,
+        dsn: str = "",
+        *,
+        owner: str | None = None,
+        lease: timedelta = timedelta(seconds=15),
+        renew_every: timedelta | None = None,
+        pool: Pool | None = None,
+    ) -> None:
+        import psycopg.conninfo
+
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
+        renew_every = renew_every if renew_every is not None else lease / 3
+        if not timedelta(0) < renew_every < lease:
+            raise ValueError(f"renew_every ({renew_every}) must be shorter than lease ({lease})")
+        if pool is not None and isinstance(pool.conninfo, str):
+            dsn = pool.conninfo
+        self.dsn = dsn
+        self.owner = owner or _default_owner()
+        self.lease = lease
+        self.renew_every = renew_every
+        self.stats = StoreStats()
+        self._pool: Pool | None = pool
+        self._owns_pool = pool is None
+        self._migrated = False
+        self._setup = asyncio.Lock()
+        params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        host = params.get("host") or params.get("hostaddr") or "localhost"
+        port = f":{params['port']}" if params.get("port") else ""
+        self._where = (
+            f"postgresql://{host}{port}/{params.get('dbname') or params.get('user') or ''}"
+        )
+
+    # -- the Store protocol ------------------------------------------------------------
+
+    async def create(self, state: RunState) -> PostgresRun:
+        """Claim a new run ID, save its first state, and own it (``RunExists`` if used before)."""
+        run_id = validate_run_id(state.run_id)
+        state.saved_at = utcnow()
+        data = seal(state)
+        params = {
+            "run_id": run_id,
+            "task": state.task,
+            "phase": str(state.phase),
+            "state": data,
+            "owner": self.owner,
+            "lease": self.lease,
+        }
+        sent = time.monotonic()
+        attempts = 0
+
+        async def insert(conn: AsyncConnection[tuple[Any, ...]]) -> int | None:
+            nonlocal attempts
+            attempts += 1
+            row = await _fetchone(conn, _CREATE, params)
+            if row is not None:
+                return int(row[0])
+            if attempts > 1:
+                # An earlier attempt may have committed before its connection broke.
+                mine = await _fetchone(
+                    conn,
+                    "SELECT token FROM durably_runs WHERE run_id = %(run_id)s "
+                    "AND owner = %(owner)s AND state = %(state)s AND expires_at > now()",
+                    params,
+                )
+                if mine is not None:
+                    return int(mine[0])
+            return None
+
+        token = await self._run(insert, what=f"creating run {run_id!r}", run_id=run_id)
+        if token is None:
+            raise RunExists(run_id=run_id)
+        self.stats.acquisitions += 1
+        handle = PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
+        handle.activate()
+        return handle
+
+    async def open(self, run_id: str) -> tuple[PostgresRun, RunState]:
+        """Take the run's lease and load its state.
+
+        Raises:
+            Locked: another process holds a live lease (whatever this process's clock says).
+            RunNotFound: no such run, or a submitted run no worker has started yet.
+            CheckpointCorrupt: the stored state is not a valid checkpoint (left untouched).
+        """
+        validate_run_id(run_id)
+        sent = time.monotonic()
+        params = {"run_id": run_id, "owner": self.owner, "lease": self.lease}
+
+        async def acquire(
+            conn: AsyncConnection[tuple[Any, ...]],
+        ) -> tuple[Any, ...] | None:
+            row = await _fetchone(conn, _ACQUIRE, params)
+            if row is not None:
+                return row
+            why = await _fetchone(conn, _WHY_NOT, params)
+            if why is None:
+                raise RunNotFound(run_id=run_id, where=self._where)
+            queued, owner, expires_at, live = why
+            if queued:
+                raise RunNotFound(
+                    run_id=run_id,
+                    where=f"{self._where} (it is queued: submitted, not yet started by a worker)",
+                )
+            if live:
+                raise Locked(
+                    run_id=run_id,
+                    path=f"{self.describe(run_id)}: lease held by {owner} until "
+                    f"{expires_at.isoformat(timespec='seconds')}, database time",
+                    lease=True,
+                )
+            return None  # the lease expired between the two statements: try again
+
+        while (row := await self._run(acquire, what=f"opening run {run_id!r}")) is None:
+            sent = time.monotonic()
+        token, data = int(row[0]), bytes(row[1])
+        self.stats.acquisitions += 1
+        handle = PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
+        try:
+            state = self._decode(run_id, data)
+        except BaseException:
+            await handle.close()
+            raise
+        handle.activate()
+        return handle, state
+
+    async def read(self, run_id: str) -> RunState:
+        """Load a run's state without taking its lease."""
+        validate_run_id(run_id)
+
+        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return await _fetchone(conn, _READ, {"run_id": run_id})
+
+        row = await self._run(select, what=f"reading run {run_id!r}", writes=False)
+        if row is None:
+            raise RunNotFound(run_id=run_id, where=self._where)
+        if row[0] is None:
+            raise RunNotFound(
+                run_id=run_id,
+                where=f"{self._where} (it is queued: submitted, not yet started by a worker)",
+            )
+        return self._decode(run_id, bytes(row[0]))
+
+    async def list_runs(self) -> list[str]:
+        """The IDs of every started run, sorted (queued runs have no state yet)."""
+
+        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> list[str]:
+            cursor = await conn.execute(_LIST)
+            return [str(row[0]) for row in await cursor.fetchall()]
+
+        return sorted(await self._run(select, what="listing runs", writes=False))
+
+    def describe(self, run_id: str) -> str:
+        """Where the run lives: the database, the table and the row."""
+        return f"{self._where} durably_runs[{run_id!r}]"
+
+    # -- workers -------------------------------------------------------------------------
+
+    async def enqueue(self, *, run_id: str, agent: str, task: str) -> None:
+        """Record a run for a worker to start: its agent's name and its task, no state yet.
+
+        Raises ``RunExists`` when the ID was ever used in this store.
+        """
+        validate_run_id(run_id)
+        params = {"run_id": run_id, "agent": agent, "task": task}
+
+        async def insert(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
+            return await _fetchone(conn, _ENQUEUE, params) is not None
+
+        if not await self._run(insert, what=f"submitting run {run_id!r}", run_id=run_id):
+            raise RunExists(run_id=run_id)
+
+    async def claim(self, *, agents: Sequence[str], limit: int) -> list[Claim]:
+        """Take the leases of up to ``limit`` runs a worker should carry on (:data:`RUNS_TO_CLAIM`).
+
+        Only runs recorded with one of ``agents`` are claimed. Each claim holds an
+        open handle, renewing its lease until the caller closes it.
+        """
+        if limit <= 0 or not agents:
+            return []
+        sent = time.monotonic()
+        params = {"agents": list(agents), "limit": limit, "owner": self.owner, "lease": self.lease}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(RUNS_TO_CLAIM, params)
+            return await cursor.fetchall()
+
+        rows = await self._run(update, what="claiming runs")
+        claims = []
+        for run_id, agent, task, token, data in rows:
+            self.stats.acquisitions += 1
+            handle = PostgresRun(
+                self, run_id, int(token), deadline=sent + self.lease.total_seconds()
+            )
+            claims.append(
+                Claim(
+                    run_id=run_id,
+                    agent=agent,
+                    task=task,
+                    handle=handle,
+                    data=None if data is None else bytes(data),
+                )
+            )
+        return claims
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def migrate(self) -> int:
+        """Create or upgrade the schema if needed and return its version.
+
+        Every store does this once before its first statement; calling it first
+        only moves the work (and its errors) earlier. Safe from many processes at once.
+        """
+
+        async def nothing(conn: AsyncConnection[tuple[Any, ...]]) -> None:
+            return None
+
+        await self._run(nothing, what="preparing the schema")
+        return MIGRATIONS[-1].version
+
+    async def close(self) -> None:
+        """Close the store's own connection pool (a pool passed in is left open)."""
+        if self._pool is not None and self._owns_pool:
+            await self._pool.close()
+            self._pool = None
+            self._migrated = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _decode(self, run_id: str, data: bytes) -> RunState:
+        path = self.describe(run_id)
+        state = open_envelope(data, path=path)
+        if state.run_id != run_id:
+            raise CheckpointCorrupt(
+                path=path, reason=f"it holds run {state.run_id!r}, not {run_id!r}"
+            )
+        return state
+
+    async def _connect(self) -> Pool:
+        """The connection pool, opened and with the schema migrated on first use."""
+        if self._pool is not None and self._migrated:
+            return self._pool
+        async with self._setup:
+            if self._pool is None:
+                from psycopg import AsyncConnection
+                from psycopg.conninfo import conninfo_to_dict
+                from psycopg_pool import AsyncConnectionPool
+
+                kwargs: dict[str, Any] = {"autocommit": True}
+                if "application_name" not in conninfo_to_dict(self.dsn):
+                    kwargs["application_name"] = "durably"
+                pool: Pool = AsyncConnectionPool(
+                    self.dsn,
+                    connection_class=AsyncConnection,
+                    kwargs=kwargs,
+                    min_size=1,
+                    max_size=10,
+                    open=False,
+                    name="durably",
+                )
+                await pool.open()
+                self._pool = pool
+            if not self._migrated:
+                async with self._pool.connection(timeout=self.lease.total_seconds()) as conn:
+                    await self._migrate(conn)
+                self._migrated = True
+            return self._pool
+
+    async def _migrate(self, conn: AsyncConnection[tuple[Any, ...]]) -> None:
+        latest = MIGRATIONS[-1].version
+        if not conn.autocommit:
+            await conn.commit()
+        # Fast path: an up-to-date schema needs no lock.
+        cursor = await conn.execute("SELECT to_regclass('durably_schema') IS NOT NULL")
+        exists = await cursor.fetchone()
+        if exists is not None and exists[0]:
+            cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+            row = await cursor.fetchone()
+            if row is not None and int(row[0]) == latest:
+                return
+        async with conn.transaction():
+            # Transaction-scoped: released at commit or rollback, or when this process
+            # dies; never a session lock that a pooled connection would keep.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS durably_schema ("
+                " version int PRIMARY KEY,"
+                " description text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+            found = await cursor.fetchone()
+            current = int(found[0]) if found is not None else 0
+            if current > latest:
+                raise CheckpointTooNew(
+                    path=f"{self._where} durably_schema", found=current, known=latest
+                )
+            for step in MIGRATIONS:
+                if step.version <= current:
+                    continue
+                await conn.execute(step.sql)
+                await conn.execute(
+                    "INSERT INTO durably_schema (version, description) VALUES (%s, %s)",
+                    (step.version, step.description),
+                )
+                log.info("durably schema migrated to version %d", step.version)
+
+    async def _run(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        *,
+        what: str,
+        run_id: str = "-",
+        until: float | None = None,
+        writes: bool = True,
+    ) -> _T:
+        """Run ``operation(conn)`` on a pooled connection, retrying connection failures.
+
+        Every statement durably sends is safe to repeat (conditional on the token, or
+        checked as in :meth:`create`), so a broken connection is retried on another
+        until ``until`` (a ``time.monotonic`` deadline; default: one lease from now).
+        A write that still fails is ``SaveFailed``; a read re-raises the driver's error.
+        """
+        deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                pool = await self._connect()
+                timeout = max(0.05, deadline - time.monotonic())
+                async with pool.connection(timeout=timeout) as conn:
+                    if conn.autocommit:
+                        return await operation(conn)
+                    async with conn.transaction():
+                        return await operation(conn)
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    if writes:
+                        raise SaveFailed(
+                            run_id=run_id,
+                            path=self.describe(run_id) if run_id != "-" else self._where,
+                            reason=f"{what}: the database could not be reached ({exc})",
+                        ) from exc
+                    raise
+                self.stats.retries += 1
+                log.info("%s: %s; trying again on another connection", what, exc)
+                await asyncio.sleep(delay)
+                delay = min(_RETRY_MAX, delay * 2)
+
+
+async def _fetchone(
+    conn: AsyncConnection[tuple[Any, ...]], sql: str, params: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    cursor = await conn.execute(sql, params)
+    return await cursor.fetchone()
+
+
+@dataclass(kw_only=True)
+class Claim:
+    """A run a worker took the lease of: what to run, and the handle that owns it."""
+
+    run_id: str
+    agent: str
+    """The registered name of the agent that runs it."""
+    task: str
+    handle: PostgresRun
+    data: bytes | None = field(repr=False)
+    """The stored envelope; None for a queued run that no worker has started."""
+
+    def load(self, store: PostgresStore) -> RunState | None:
+        """The run's state (None when queued); ``CheckpointCorrupt`` if it cannot be read."""
+        if self.data is None:
+            return None
+        return store._decode(self.run_id, self.data)
+
+
+class PostgresRun:
+    """Ownership of one run in a :class:`PostgresStore`: its lease, renewed until closed."""
+
+    def __init__(self, store: PostgresStore, run_id: str, token: int, *, deadline: float) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._token = token
+        self._deadline = deadline
+        """``time.monotonic()`` by which the lease has surely run out without a renewal:
+        the send time of the last statement that set it, plus the lease."""
+        self._lost: str | None = None
+        self._closed = False
+        self.lease = Lease(run_id=run_id, token=token, owner=store.owner)
+        self._renewal = asyncio.create_task(self._renew_forever(), name=f"durably-renew-{run_id}")
+
+    @property
+    def run_id(self) -> str:
+        """The run this handle owns."""
+        return self._run_id
+
+    def activate(self) -> None:
+        """Make this handle's lease the :func:`current_lease` of the calling task."""
+        _current_lease.set(self.lease)
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this handle's lease."""
+        return self._token
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lease is known to be lost, or None while it may still be held."""
+        return self._lost
+
+    async def save(self, state: RunState) -> None:
+        """Make ``state`` the run's state, in one statement conditional on this lease.
+
+        Raises:
+            LeaseLost: another process took the run over, or the lease lapsed;
+                nothing was written.
+            SaveFailed: the database could not be reached before the lease ran out;
+                the save may or may not have landed, and the run must stop.
+        """
+        store = self._store
+        if self._closed:
+            raise SaveFailed(
+                run_id=self._run_id, path=store.describe(self._run_id), reason="closed"
+            )
+        if self._lost is None and time.monotonic() >= self._deadline:
+            self._mark_lost("no renewal reached the database before the lease ran out")
+        if self._lost is not None:
+            store.stats.stale_saves += 1
+            raise LeaseLost(run_id=self._run_id, token=self._token)
+        state.saved_at = utcnow()
+        params = {
+            "run_id": self._run_id,
+            "token": self._token,
+            "state": seal(state),
+            "phase": str(state.phase),
+        }
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
+            cursor = await conn.execute(_SAVE, params)
+            return cursor.rowcount
+
+        try:
+            rows = await store._run(
+                update, what="saving", run_id=self._run_id, until=self._deadline
+            )
+        except SaveFailed:
+            self._mark_lost("a save could not reach the database before the lease ran out")
+            raise
+        if rows != 1:
+            self._mark_lost("a save found the lease taken over or expired")
+            store.stats.stale_saves += 1
+            raise LeaseLost(run_id=self._run_id, token=self._token)
+        store.stats.saves += 1
+
+    async def park(self, reason: str) -> bool:
+        """Stop workers from claiming the run again (a person must look); True if recorded.
+
+        Works after :meth:`close` too, as long as no other process has taken the run since.
+        """
+        params = {"run_id": self._run_id, "token": self._token, "reason": reason[:2000]}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
+            cursor = await conn.execute(_PARK, params)
+            return cursor.rowcount
+
+        rows = await self._store._run(update, what="parking", run_id=self._run_id)
+        return bool(rows == 1)
+
+    async def close(self, *, release: bool = True) -> None:
+        """Stop renewing and free the lease (if it is still this handle's).
+
+        With ``release=False`` the lease is left to run out by itself: nobody can
+        claim the run before then (a worker's back-off after a failure).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._renewal.cancel()
+        # asyncio.wait, not await: the renewal's CancelledError is its own, while a
+        # cancellation of this close() must still propagate.
+        await asyncio.wait([self._renewal])
+        if _current_lease.get() is self.lease:
+            _current_lease.set(None)
+        if self._lost is not None or not release:
+            return
+        params = {"run_id": self._run_id, "token": self._token}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> None:
+            await conn.execute(_RELEASE, params)
+
+        try:
+            await self._store._run(
+                update,
+                what="releasing the lease",
+                run_id=self._run_id,
+                until=min(self._deadline, time.monotonic() + 2.0),
+            )
+        except SaveFailed as exc:
+            # Nothing depends on it: the lease runs out on its own.
+            log.warning(
+                "run %s: could not free its lease (%s); it expires by itself", self._run_id, exc
+            )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _mark_lost(self, why: str) -> None:
+        if self._lost is None:
+            self._lost = why
+            self._store.stats.lost += 1
+            log.warning("run %s: lease (token %d) lost: %s", self._run_id, self._token, why)
+            if not self._renewal.done() and self._renewal is not asyncio.current_task():
+                self._renewal.cancel()
+
+    async def _renew_forever(self) -> None:
+        store = self._store
+        every = store.renew_every.total_seconds()
+        lease = store.lease.total_seconds()
+        params = {"run_id": self._run_id, "token": self._token, "lease": store.lease}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
+            return await _fetchone(conn, _RENEW, params) is not None
+
+        while self._lost is None:
+            await asyncio.sleep(every)
+            sent = time.monotonic()
+            if sent >= self._deadline:
+                self._mark_lost("the lease ran out before it could be renewed")
+                return
+            try:
+                # One attempt per period, bounded by the lease: a renewal that
+                # lands after the lease ran out changes nothing (it is conditional).
+                renewed = await store._run(
+                    update,
+                    what="renewing the lease",
+                    run_id=self._run_id,
+                    until=min(self._deadline, sent + every),
+                )
+            except SaveFailed as exc:
+                log.info("run %s: renewal failed (%s); trying again", self._run_id, exc)
+                continue
+            except Exception as exc:  # not a connection problem: the lease cannot be trusted
+                self._mark_lost(f"renewing failed: {type(exc).__name__}: {exc}")
+                return
+            if not renewed:
+                self._mark_lost("the lease was taken over or expired")
+                return
+            self._deadline = sent + lease
+            store.stats.renewals += 1

@@ -1,0 +1,496 @@
+"""Workers: processes that claim runs from a Postgres store and carry them on.
+
+A run is started by a worker when it was *submitted* (:func:`submit` records a
+queued run: an ID, an agent name and a task, no state yet), and resumed by any
+worker when the process that ran it died (its lease expired). Agents are found
+by name in a :class:`Registry`: ``register(name, factory)`` with
+``factory(run_id) -> Agent``.
+
+:func:`work` loops until told to stop: it claims up to ``concurrency`` runs
+whose lease is absent or expired (``PostgresStore.claim``, one ``UPDATE`` over
+``SELECT ... FOR UPDATE SKIP LOCKED``), starts queued ones with ``Agent.run``
+and resumes the others with ``Agent.resume``. Any number of workers on any
+number of machines can share a database.
+
+What happens to a run, by how it ended:
+
+- done, or paused for a person: nothing more; workers never claim them;
+- ``LeaseLost``: another worker took it over; this one stops touching it;
+- a problem a retry cannot fix (a limit, ``MaxResumes``, a changed agent or
+  workspace, a corrupt checkpoint, an unknown agent): the run is *parked*
+  (``durably_runs.parked`` says why) and no worker claims it until a person
+  resumes it by hand;
+- anything else (a database outage, a crashing model): the lease is freed and
+  the run is claimed again later; ``max_resumes`` bounds the attempts.
+
+Stopping (``stop`` set; ``durably worker`` sets it on SIGTERM and SIGINT) cancels
+the runs in flight. The loop shields its saves, so each finishes the save it is
+making, and every handle frees its lease on the way out: another worker can take
+the runs over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from .errors import (
+    CheckpointCorrupt,
+    CheckpointTooNew,
+    DurablyError,
+    LeaseLost,
+    ReplayMismatch,
+    RunError,
+    RunExists,
+    UnsafePath,
+)
+from .keys import new_run_id
+from .loop import Agent, Outcome, shielded
+from .state import RunState
+from .stores import RunHandle, Store
+from .stores.postgres import Claim, PostgresRun, PostgresStore
+
+__all__ = [
+    "WORKER_STORE",
+    "AgentFactory",
+    "Registration",
+    "Registry",
+    "WorkReport",
+    "import_agents",
+    "register",
+    "register_triage",
+    "registry",
+    "submit",
+    "work",
+]
+
+log = logging.getLogger("durably.worker")
+
+AgentFactory = Callable[[str], Agent]
+"""Builds the agent for one run, given its ID. Build it with any store (say
+:data:`WORKER_STORE`): the worker runs it on the run it claimed."""
+
+_PERMANENT = (RunError, CheckpointCorrupt, CheckpointTooNew, UnsafePath, ReplayMismatch)
+"""Errors a retry cannot fix: the run is parked for a person."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    """An agent workers can run, by name."""
+
+    name: str
+    factory: AgentFactory
+    task: str | None = None
+    """The task submitted runs get when none is given (the triage tasks have one)."""
+
+
+class Registry:
+    """Agents by name, for workers and for :func:`submit`."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Registration] = {}
+
+    def register(self, name: str, factory: AgentFactory, *, task: str | None = None) -> None:
+        """Make ``factory`` the agent workers use for runs submitted as ``name``.
+
+        Args:
+            name: the name runs are submitted under, e.g. ``refunds`` or ``triage:m1``.
+            factory: ``factory(run_id) -> Agent``; called once per run a worker picks up.
+            task: the task a run gets when it is submitted without one.
+
+        Raises:
+            ValueError: ``name`` is registered already (with another factory).
+        """
+        known = self._agents.get(name)
+        if known is not None and known.factory is not factory:
+            raise ValueError(f"an agent named {name!r} is registered already")
+        self._agents[name] = Registration(name=name, factory=factory, task=task)
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted."""
+        return sorted(self._agents)
+
+    def get(self, name: str) -> Registration | None:
+        """The registration of ``name``, or None."""
+        return self._agents.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._agents
+
+
+class _NoStore:
+    """The placeholder store of agents built for workers; the worker replaces it."""
+
+    async def create(self, state: RunState) -> RunHandle:
+        raise RuntimeError("this agent was built for a worker, which gives it its store")
+
+    async def open(self, run_id: str) -> tuple[RunHandle, RunState]:
+        raise RuntimeError("this agent was built for a worker, which gives it its store")
+
+    async def read(self, run_id: str) -> RunState:
+        raise RuntimeError("this agent was built for a worker, which gives it its store")
+
+    async def list_runs(self) -> list[str]:
+        return []
+
+    def describe(self, run_id: str) -> str:
+        return "(the worker's store)"
+
+
+WORKER_STORE: Store = _NoStore()
+"""A placeholder for the ``store`` of agents built by factories: the worker replaces it
+with the run it claimed."""
+
+
+registry = Registry()
+"""The registry ``durably worker`` serves (with the triage agents added)."""
+
+
+def register(name: str, factory: AgentFactory, *, task: str | None = None) -> None:
+    """Register an agent in the default :data:`registry` (see :meth:`Registry.register`)."""
+    registry.register(name, factory, task=task)
+
+
+def register_triage(target: Registry, *, state_dir: Path) -> None:
+    """Register the reference triage agent as ``triage:<task>`` for every bundled task.
+
+    Each run's world lives under ``<state_dir>/worlds/<run_id>``; calls needing
+    approval are approved (a worker has no terminal) and in-doubt calls the
+    ladder cannot settle pause the run for a person.
+    """
+    from .approval import PolicyApprover
+    from .triage.agent import build_agent
+    from .triage.world import TASKS, World, load_task
+
+    for task_name in TASKS:
+
+        def factory(run_id: str, task_name: str = task_name) -> Agent:
+            world = World.ensure(state_dir / "worlds" / run_id, task_name)
+            return build_agent(
+                world=world,
+                store=WORKER_STORE,
+                approver=PolicyApprover(),
+            )
+
+        target.register(f"triage:{task_name}", factory, task=load_task(task_name).description)
+
+
+async def submit(
+    store: PostgresStore, *, agent_name: str, task: str, run_id: str | None = None
+) -> str:
+    """Record a run for a worker to start, and return its run ID.
+
+    The run is *queued*: a row with the agent's name and the task and no state.
+    The worker that claims it starts it exactly as ``Agent.run`` would (save point
+    1 included), so the run's fingerprint is that of the agent that really runs it.
+
+    Args:
+        store: the Postgres store workers claim from.
+        agent_name: a name registered with the workers (see :func:`register`).
+        task: the task, the run's first user message.
+        run_id: use this ID (``RunExists`` if it was ever used); default: a new one.
+    """
+    run_id = run_id or new_run_id(agent_name)
+    await store.enqueue(run_id=run_id, agent=agent_name, task=task)
+    log.info("submitted %s (%s)", run_id, agent_name)
+    return run_id
+
+
+@dataclass
+class WorkReport:
+    """What one call to :func:`work` did."""
+
+    claimed: int = 0
+    started: int = 0
+    """Queued runs started (the rest of ``claimed`` were resumed)."""
+    done: int = 0
+    paused: int = 0
+    lease_lost: int = 0
+    parked: int = 0
+    failed: int = 0
+    """Runs that stopped on a transient error; they are claimed again later."""
+    interrupted: int = 0
+    """Runs cancelled by the stop, their leases freed for the next worker."""
+
+
+async def work(
+    store: PostgresStore,
+    *,
+    registry: Registry,
+    concurrency: int = 4,
+    stop: asyncio.Event,
+    poll: float = 0.5,
+) -> WorkReport:
+    """Claim and carry on runs until ``stop`` is set; return what was done.
+
+    Args:
+        store: where the runs live.
+        registry: the agents this worker can run; only their runs are claimed.
+        concurrency: runs driven at once.
+        stop: set it to stop; runs in flight are cancelled after their current save
+            and their leases freed.
+        poll: seconds between looks for work when there is none (or no free slot).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    report = WorkReport()
+    running: set[asyncio.Task[None]] = set()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            free = concurrency - len(running)
+            claims: list[Claim] = []
+            if free > 0:
+                try:
+                    claims = await store.claim(agents=registry.names(), limit=free)
+                except DurablyError as exc:
+                    log.warning("could not claim runs: %s", exc)
+                except Exception as exc:  # the database is down or restarting: try again
+                    if not _is_database_error(exc):
+                        raise
+                    log.warning("could not claim runs: %s", exc)
+            for claim in claims:
+                report.claimed += 1
+                task = asyncio.create_task(
+                    _drive(store, registry, claim, report), name=f"durably-run-{claim.run_id}"
+                )
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if claims and len(claims) == free:
+                continue  # there may be more work: look again at once
+            await asyncio.wait([stopping, *running], timeout=poll, return_when="FIRST_COMPLETED")
+    finally:
+        stopping.cancel()
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(list(running))
+    return report
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(exc, psycopg.Error)
+
+
+async def _drive(
+    store: PostgresStore, registry: Registry, claim: Claim, report: WorkReport
+) -> None:
+    """Carry one claimed run on; never raises (except the worker's own cancellation)."""
+    handle = claim.handle
+    handle.activate()
+    run_id = claim.run_id
+    release = True
+    try:
+        try:
+            state = claim.load(store)
+            registration = registry.get(claim.agent)
+            if registration is None:
+                raise LookupError(f"no agent named {claim.agent!r} is registered")
+            try:
+                agent = copy.copy(registration.factory(run_id))
+            except Exception as exc:
+                raise _FactoryFailed(f"{type(exc).__name__}: {exc}") from exc
+            agent.store = _ClaimedRun(store, handle, state)
+            if state is None:
+                report.started += 1
+                log.info("starting %s (%s)", run_id, claim.agent)
+                outcome = await agent.run(claim.task, run_id=run_id)
+            else:
+                log.info("resuming %s (%s, phase %s)", run_id, claim.agent, state.phase)
+                outcome = await agent.resume(run_id)
+        except asyncio.CancelledError:
+            report.interrupted += 1
+            log.info("stopped %s; its lease is freed for another worker", run_id)
+            raise
+        except LeaseLost as exc:
+            report.lease_lost += 1
+            log.warning("%s", exc)
+        except (*_PERMANENT, LookupError, _FactoryFailed) as exc:
+            report.parked += 1
+            log.error("parking %s: %s", run_id, exc)
+            await shielded(handle.close())
+            await _park(handle, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            report.failed += 1
+            # Keep the lease until it runs out: the run is retried one lease from now,
+            # not in a tight loop against a failing database or model.
+            release = False
+            log.warning(
+                "run %s stopped (%s: %s); it will be claimed again", run_id, type(exc).__name__, exc
+            )
+        else:
+            _count(outcome, report)
+    finally:
+        await shielded(handle.close(release=release))
+
+
+class _FactoryFailed(Exception):
+    """The registered factory could not build the run's agent."""
+
+
+def _count(outcome: Outcome, report: WorkReport) -> None:
+    if outcome.status == "done":
+        report.done += 1
+        log.info("done %s after %d turns", outcome.run_id, outcome.turns)
+    else:
+        report.paused += 1
+        log.info(
+            "paused %s: %d question(s) wait for a person", outcome.run_id, len(outcome.pending)
+        )
+
+
+async def _park(handle: PostgresRun, reason: str) -> None:
+    try:
+        await shielded(handle.park(reason))
+    except DurablyError as exc:
+        log.warning("could not park %s: %s", handle.run_id, exc)
+
+
+class _ClaimedRun:
+    """The store one claimed run's agent sees: it hands over the claimed handle.
+
+    ``open`` returns the claim's handle and state; ``create`` (a queued run being
+    started) saves the first state through the claim's handle. Everything else
+    goes to the real store.
+    """
+
+    def __init__(self, store: PostgresStore, handle: PostgresRun, state: RunState | None) -> None:
+        self._store = store
+        self._handle = handle
+        self._state = state
+        self._handed_out = False
+
+    async def create(self, state: RunState) -> RunHandle:
+        if state.run_id != self._handle.run_id or self._state is not None or self._handed_out:
+            raise RunExists(run_id=state.run_id)
+        await self._handle.save(state)  # save point 1, under the claim's lease
+        self._handed_out = True
+        return _Borrowed(self._handle)
+
+    async def open(self, run_id: str) -> tuple[RunHandle, RunState]:
+        if run_id != self._handle.run_id or self._state is None or self._handed_out:
+            return await self._store.open(run_id)
+        self._handed_out = True
+        return _Borrowed(self._handle), self._state
+
+    async def read(self, run_id: str) -> RunState:
+        return await self._store.read(run_id)
+
+    async def list_runs(self) -> list[str]:
+        return await self._store.list_runs()
+
+    def describe(self, run_id: str) -> str:
+        return self._store.describe(run_id)
+
+
+class _Borrowed:
+    """The claimed handle as the agent sees it: the worker, not the agent, closes it."""
+
+    def __init__(self, handle: PostgresRun) -> None:
+        self._handle = handle
+
+    @property
+    def run_id(self) -> str:
+        return self._handle.run_id
+
+    async def save(self, state: RunState) -> None:
+        await self._handle.save(state)
+
+    async def close(self) -> None:
+        """Nothing: the worker frees the lease (or lets it run out) once the agent returns."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def import_agents(modules: Iterable[str]) -> None:
+    """Import modules that register agents (``durably worker --import MODULE``).
+
+    Raises:
+        ValueError: a module cannot be imported.
+    """
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {name!r} ({exc}); is it on PYTHONPATH?") from exc
+
+
+async def serve(
+    *,
+    dsn: str,
+    concurrency: int,
+    state_dir: Path,
+    lease: float,
+    imports: Iterable[str] = (),
+    say: Callable[[str], None] = print,
+) -> WorkReport:
+    """``durably worker``: serve the default registry (plus the triage agents) until SIGTERM.
+
+    SIGTERM and SIGINT set the stop event: runs in flight finish their current save
+    and free their leases before this returns.
+    """
+    import signal
+    from datetime import timedelta
+
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    import_agents(imports)
+    serving = Registry()
+    for name in registry.names():
+        entry = registry.get(name)
+        if entry is not None:
+            serving.register(name, entry.factory, task=entry.task)
+    register_triage(serving, state_dir=state_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with PostgresStore(dsn, lease=timedelta(seconds=lease)) as store:
+            await store.migrate()
+            say(
+                f"worker {store.owner}: {concurrency} at a time, agents: "
+                f"{', '.join(serving.names())}"
+            )
+            report = await work(store, registry=serving, concurrency=concurrency, stop=stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    say(
+        f"stopped: {report.claimed} claimed, {report.done} done, {report.paused} paused, "
+        f"{report.interrupted} handed back, {report.lease_lost} lost to another worker, "
+        f"{report.parked} parked, {report.failed} failed"
+    )
+    return report
+
+
+async def submit_command(
+    *, dsn: str, agent_name: str, task: str | None, run_id: str | None, imports: Iterable[str] = ()
+) -> str:
+    """``durably submit``: queue a run; the task defaults to the agent's registered task."""
+    import_agents(imports)
+    known = Registry()
+    register_triage(known, state_dir=Path("."))  # only for the triage tasks' texts
+    entry = registry.get(agent_name) or known.get(agent_name)
+    if task is None:
+        if entry is None or entry.task is None:
+            raise ValueError(f"agent {agent_name!r} has no default task: give --task")
+        task = entry.task
+    async with PostgresStore(dsn) as store:
+        return await submit(store, agent_name=agent_name, task=task, run_id=run_id)

@@ -1,0 +1,115 @@
+"""Child processes of the Postgres tests: each owns runs the way a real process would.
+
+Usage: ``python _pg_child.py <command> <dsn> <lease-seconds> ...``. Commands:
+
+- ``hold RUN``: open RUN, print ``ready <token>``; on each ``save`` line on stdin,
+  save state B and print ``saved`` or ``lease-lost``; close when stdin closes.
+- ``try-open RUN``: try once to open RUN; print JSON ``{"outcome", "token"}``.
+- ``agent RUN ROOT``: start (or resume) RUN of the ledger job in ROOT; print JSON
+  ``{"outcome": "done" | "paused" | "lease-lost"}``.
+- ``worker ROOT CONCURRENCY DWELL``: serve the ledger job until SIGTERM, writing the
+  store's counters to ``ROOT/stats-<pid>.json`` as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+
+from _pg_jobs import make_agent, make_registry  # noqa: E402
+
+import durably  # noqa: E402
+from _helpers.samples import state_b  # noqa: E402
+from durably.stores.postgres import PostgresStore  # noqa: E402
+from durably.worker import work  # noqa: E402
+
+
+def say(message: object) -> None:
+    print(json.dumps(message) if not isinstance(message, str) else message, flush=True)
+
+
+async def hold(store: PostgresStore, run_id: str) -> None:
+    handle, _ = await store.open(run_id)
+    say(f"ready {handle.token}")
+    while line := (await asyncio.to_thread(sys.stdin.readline)).strip():
+        if line == "save":
+            try:
+                await handle.save(state_b(run_id))
+            except durably.LeaseLost:
+                say("lease-lost")
+            else:
+                say("saved")
+    await handle.close()
+
+
+async def try_open(store: PostgresStore, run_id: str) -> None:
+    try:
+        handle, _ = await store.open(run_id)
+    except durably.Locked:
+        say({"outcome": "locked"})
+    else:
+        say({"outcome": "opened", "token": handle.token})
+        await handle.close()
+
+
+async def agent(store: PostgresStore, run_id: str, root: Path) -> None:
+    job = make_agent(root, store)
+    try:
+        if run_id in await store.list_runs():
+            outcome = await job.resume(run_id)
+        else:
+            outcome = await job.run("settle the ledger", run_id=run_id)
+    except durably.LeaseLost as exc:
+        say({"outcome": "lease-lost", "token": exc.token})
+    else:
+        say({"outcome": outcome.status, "answer": outcome.answer})
+
+
+async def worker(store: PostgresStore, root: Path, concurrency: int, dwell: float) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    stats = root / f"stats-{os.getpid()}.json"
+
+    async def report_stats() -> None:
+        while True:
+            temporary = stats.with_suffix(".tmp")
+            temporary.write_text(json.dumps(asdict(store.stats)))
+            temporary.replace(stats)
+            await asyncio.sleep(0.25)
+
+    reporter = asyncio.create_task(report_stats())
+    registry = make_registry(root, dwell=dwell)
+    say("working")
+    report = await work(store, registry=registry, concurrency=concurrency, stop=stop, poll=0.1)
+    reporter.cancel()
+    stats.write_text(json.dumps(asdict(store.stats)))
+    say(asdict(report))
+
+
+async def main(command: str, dsn: str, lease: str, *args: str) -> None:
+    seconds = float(lease)
+    async with PostgresStore(
+        dsn, lease=timedelta(seconds=seconds), renew_every=timedelta(seconds=seconds / 4)
+    ) as store:
+        if command == "hold":
+            await hold(store, args[0])
+        elif command == "try-open":
+            await try_open(store, args[0])
+        elif command == "agent":
+            await agent(store, args[0], Path(args[1]))
+        elif command == "worker":
+            await worker(store, Path(args[0]), int(args[1]), float(args[2]))
+        else:
+            sys.exit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
