@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -34,6 +37,8 @@ class TriageJob:
     def __init__(self, task: str = "m1-done-after-delete") -> None:
         self._task = load_task(task)
         self.name = f"triage {task}"
+        self._file_digests: dict[tuple[str, int, int, int], str] = {}
+        self._readers: dict[tuple[int, str], sqlite3.Connection] = {}
 
     def _world(self, world: SweepWorld) -> World:
         return World.at(world.root / "world", self._task.name)
@@ -110,19 +115,53 @@ class TriageJob:
         ]
 
     def fingerprint(self, world: SweepWorld) -> str:
-        """Everything a crash now would leave: checkpoint, tracker, workspace, logs."""
+        """Everything a crash now would leave: checkpoint, tracker, workspace, logs.
+
+        Called at every crash point, so it reads little: the checkpoint in full
+        (small), the tracker's request count (every write it accepts or refuses is
+        a request row, so nothing else in it changes without one), the sizes of
+        the append-only logs, and each workspace file's digest, re-read only when
+        its inode, size or modification time moved (workspace writes rename a new
+        file into place, so a changed file always has a new inode).
+        """
         triage_world = self._world(world)
-        tracker = triage_world.tracker_path
-        files = [
-            world.store_dir / "sweep-run.json",
-            tracker,
-            tracker.with_name(tracker.name + "-wal"),
-            triage_world.model_log,
-            patches_log(triage_world),
-            world.questions_log,
-            *sorted(p for p in triage_world.workspace.rglob("*") if _counts(p)),
-        ]
-        return digest_files(files)
+        digest = hashlib.sha256(digest_files([world.store_dir / "sweep-run.json"]).encode())
+        digest.update(f"requests {self._request_count(triage_world.tracker_path)}".encode())
+        for log in (triage_world.model_log, patches_log(triage_world), world.questions_log):
+            digest.update(f"{log.name} {log.stat().st_size if log.exists() else -1}".encode())
+        for path, info in _workspace_files(str(triage_world.workspace)):
+            stamp = (path, info.st_ino, info.st_size, info.st_mtime_ns)
+            known = self._file_digests.get(stamp)
+            if known is None:
+                with open(path, "rb") as file:
+                    known = hashlib.sha256(file.read()).hexdigest()
+                self._file_digests[stamp] = known
+            digest.update(f"{path} {known}".encode())
+        return digest.hexdigest()
+
+    def _request_count(self, database: Path) -> int:
+        # One read-only connection per process (a connection never crosses a fork).
+        key = (os.getpid(), str(database))
+        connection = self._readers.get(key)
+        if connection is None:
+            # Points are hit one at a time, from the loop or a save thread: never at once.
+            connection = sqlite3.connect(
+                f"file:{database}?mode=ro", uri=True, check_same_thread=False
+            )
+            self._readers[key] = connection
+        (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
+        return int(count)
+
+
+def _workspace_files(root: str) -> list[tuple[str, os.stat_result]]:
+    found = []
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+        for name in sorted(files):
+            if not name.startswith("."):
+                path = os.path.join(directory, name)
+                found.append((path, os.stat(path)))
+    return found
 
 
 def _counts(path: Path) -> bool:
