@@ -396,7 +396,6 @@ def parse_strace(text: str) -> list[tuple[str, list[str], int]]:
     return calls
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_the_kernel_sees_temp_write_fsync_rename_dir_fsync(tmp_path: Path) -> None:
     """Traced with strace, each save is: openat temp (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), write,
     fsync it, rename it over RUN.json, fsync the directory, in that order."""
