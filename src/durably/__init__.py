@@ -29,6 +29,7 @@ from .errors import ReplayMismatch as ReplayMismatch
 from .errors import RunExists as RunExists
 from .errors import RunNotFound as RunNotFound
 from .errors import SaveFailed as SaveFailed
+from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenLimit as TokenLimit
 from .errors import TurnLimit as TurnLimit
 from .errors import UnsafePath as UnsafePath
@@ -126,6 +127,7 @@ __all__ = [
     "SaveFailed",
     "ScriptedApprover",
     "ScriptedModel",
+    "StoreUnavailable",
     "TerminalApprover",
     "TokenLimit",
     "Tool",

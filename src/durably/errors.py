@@ -22,6 +22,7 @@ The hierarchy::
     │   ├── CheckpointTooNew        a checkpoint of a newer format than this code knows
     │   ├── UnsafePath              a symlink or foreign file stands where the store writes
     │   ├── WrongStore              the run is kept by another kind of store
+    │   ├── StoreUnavailable        the database could not be reached
     │   └── SaveFailed              a save did not become durable; the old state is the truth
     ├── ModelError                  the model provider failed or answered nonsense
     ├── ApprovalUnavailable         the approver could not be asked
@@ -55,6 +56,7 @@ __all__ = [
     "RunNotFound",
     "SaveFailed",
     "StorageError",
+    "StoreUnavailable",
     "TokenLimit",
     "TurnLimit",
     "UnsafePath",
@@ -301,6 +303,20 @@ class WrongStore(StorageError):
         super().__init__(
             f"{path} belongs to a run kept by the {store} store; open it with that store "
             f"(`--store {store}` on the command line) so none of its saves is missed"
+        )
+
+
+class StoreUnavailable(StorageError):
+    """Raised when the store's database cannot be reached for longer than a lease."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(
+            f"{where}: the database could not be reached ({reason}); nothing was changed: "
+            "check the server and the DSN, then run the command again"
         )
 
 

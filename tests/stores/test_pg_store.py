@@ -310,3 +310,33 @@ def test_a_locked_run_names_its_owner_and_the_database_expiry(pg_dsn: str) -> No
     message = run(pg_dsn, scenario, owner="worker-7")
     assert "worker-7" in message
     assert "r1" in message
+    assert "lease" in str(caught_message(pg_dsn))
+
+
+def caught_message(pg_dsn: str) -> str:
+    """The whole Locked message a second opener gets from a live lease."""
+
+    async def scenario(store: PostgresStore) -> str:
+        handle = await store.create(state_a("r2"))
+        async with PostgresStore(pg_dsn) as other:
+            with pytest.raises(durably.Locked) as caught:
+                await other.open("r2")
+        await handle.close()
+        return str(caught.value)
+
+    return run(pg_dsn, scenario)
+
+
+def test_an_unreachable_database_is_store_unavailable_not_a_driver_error() -> None:
+    """Reading from a database nobody answers for is StoreUnavailable, naming the place."""
+
+    async def scenario() -> None:
+        dsn = "postgresql://postgres@127.0.0.1:9/nowhere?connect_timeout=1"
+        store = PostgresStore(dsn, lease=timedelta(seconds=1))
+        try:
+            with pytest.raises(durably.StoreUnavailable, match="could not be reached"):
+                await store.read("r1")
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

@@ -50,6 +50,7 @@ from ..errors import (
     RunExists,
     RunNotFound,
     SaveFailed,
+    StoreUnavailable,
 )
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
@@ -590,7 +591,8 @@ class PostgresStore:
         Every statement durably sends is safe to repeat (conditional on the token, or
         checked as in :meth:`create`), so a broken connection is retried on another
         until ``until`` (a ``time.monotonic`` deadline; default: one lease from now).
-        A write that still fails is ``SaveFailed``; a read re-raises the driver's error.
+        A write that still fails is ``SaveFailed`` (the old state stays the truth);
+        a read that still fails is ``StoreUnavailable``.
         """
         deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
         delay = _RETRY_FIRST
@@ -613,7 +615,9 @@ class PostgresStore:
                             path=self.describe(run_id) if run_id != "-" else self._where,
                             reason=f"{what}: the database could not be reached ({exc})",
                         ) from exc
-                    raise
+                    raise StoreUnavailable(
+                        where=f"{self._where} ({what})", reason=str(exc)
+                    ) from exc
                 self.stats.retries += 1
                 log.info("%s: %s; trying again on another connection", what, exc)
                 await asyncio.sleep(delay)
