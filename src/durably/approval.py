@@ -117,7 +117,8 @@ class PolicyApprover:
     """Approves every call (``--approve off``); defers in-doubt calls to a person.
 
     A policy cannot know whether a write happened, so it never guesses: the run
-    pauses and waits for ``durably resolve`` or ``resume(decisions=...)``.
+    pauses until a person answers: `durably triage --approve on` asks on the terminal,
+    and code passes the answer with ``resume(decisions=...)``.
     """
 
     async def approve(self, request: ApprovalRequest) -> Yes:
