@@ -123,6 +123,9 @@ class World:
 
     root: Path
     config: Config
+    store_factory: Callable[[Path], FileStore] | None = None
+    """Builds the scenario's store over :attr:`store_dir` (default: an unsynced FileStore).
+    The power-loss sweep supplies a synced store over a modelled file system here."""
 
     @property
     def store_dir(self) -> Path:
@@ -136,6 +139,8 @@ class World:
 
     def store(self) -> FileStore:
         """The scenario's store. Syncs are off: the sweep kills processes, not the power."""
+        if self.store_factory is not None:
+            return self.store_factory(self.store_dir)
         return FileStore(self.store_dir, sync=False)
 
 

@@ -1,0 +1,493 @@
+"""The power-loss sweep: cut the power at crash points of a real run, then resume it on every disk.
+
+:func:`durably.sweep.powerloss.check_protocol` proves that every disk a power cut
+may leave loads as the old or the new state. This module closes the loop for a
+whole job: the run must then *resume* on that disk and finish correctly.
+
+:func:`run_power_loss_sweep`
+
+1. runs the job once, crash-free, in a forked child, with the run's store
+   (synced, as in production) built over a :class:`~durably.sweep.powerloss.PowerLossFS`
+   rooted at the store directory (the directory itself counts as durable);
+2. at every ``every``-th crash point of that run captures, into a scratch
+   directory: the legal disk images of the store directory at that instant
+   (``fs.images(at=len(fs.log), limit=limit)``), a copy of the rest of the world
+   (everything under ``world.root`` except the store directory), and which save
+   had last returned and which was in progress;
+3. for each distinct (world copy, disk image, saves) capture, in a fresh
+   directory: lays out the world copy with the image as the store directory,
+   loads the run with a fresh, normal store (it must be the last save that
+   returned or the save in progress; ``RunNotFound`` only before the first save
+   returned), then resumes the run to completion in forked children, as
+   :mod:`durably.sweep.core` does, and judges it with the crash sweep's judge
+   (duplicates and losses against the crash-free run's effects, questions,
+   replies paid twice, failed checks).
+
+Assumption: only the store is modelled. The rest of the world (the workspace,
+the tracker's database, the model's call log, the questions log) is taken to
+survive the power cut exactly as it stood at the crash point, as if each of its
+writes were synced before it returned (production code does sync them; the
+sweep's job runs them unsynced for speed, so the copy is the model). A lost or
+torn write there is outside what this sweep tests.
+
+States are compared exactly: each save's state (``saved_at`` aside) is digested
+when the save begins, and the loaded state's digest must equal the last
+returned save's or the in-progress save's. Equal to an earlier save's is lost
+durability; equal to none is a wrong state; an error other than ``RunNotFound``
+is an unreadable disk. A violating disk is still resumed and judged: the
+table then shows what the lost save costs (duplicates, losses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import multiprocessing
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .. import faults
+from ..errors import RunNotFound
+from ..state import Phase, RunState
+from ..stores.file import FileRun, FileStore
+from ..stores.journal import JournalStore
+from .core import (
+    MAX_RESTARTS,
+    RUN_ID,
+    Config,
+    ScenarioResult,
+    SweepJob,
+    World,
+    _fork,
+    _judge,
+    _process,
+    _saved_turns,
+    _Spec,
+    _SweepApprover,
+)
+from .powerloss import Kind, PowerLossFS, Violation
+
+__all__ = [
+    "STORES",
+    "PowerLossReport",
+    "PowerLossScenario",
+    "run_power_loss_sweep",
+]
+
+STORES: dict[str, Callable[..., FileStore]] = {
+    "snapshot": FileStore,
+    "journal": JournalStore,
+    "journal-compacting": functools.partial(JournalStore, compact_min_bytes=0, compact_ratio=0.5),
+}
+"""The stores by name: a store class or factory taking the directory and ``sync``, ``fs``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PowerLossScenario:
+    """One distinct disk at one crash point: how it loaded, and how the resumed run ended."""
+
+    point: int
+    """The crash point (1-based index in the crash-free run) where the power went."""
+    label: str
+    image: str
+    """Which unsynced operations survived, in words."""
+    covers: int
+    """How many (point, image) pairs this scenario stands for (identical captures)."""
+    loaded: str
+    """What the fresh store loaded: ``save N (...)``, ``RunNotFound`` or an error."""
+    expected: str
+    violation: Violation | None
+    result: ScenarioResult
+    """The resumed run, judged as the crash sweep judges."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PowerLossReport:
+    """Every scenario of a power-loss sweep, and what they add up to."""
+
+    job: str
+    config: str
+    store: str
+    points: int
+    """Crash points of the crash-free run."""
+    captured: int
+    """Crash points captured (every ``every``-th)."""
+    pairs: int
+    """(point, image) pairs captured, before merging identical ones."""
+    saves: int
+    """Saves the crash-free run made."""
+    captured_labels: dict[str, int]
+    """Captured crash points by label (a point whose disks all equal earlier
+    captures is covered by those scenarios, and counted here)."""
+    scenarios: tuple[PowerLossScenario, ...]
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Disks that loaded as something other than the old or the new state."""
+        return [s.violation for s in self.scenarios if s.violation is not None]
+
+    def totals(self) -> dict[str, int]:
+        """Scenario counts: finished, duplicates, lost, questions, paid twice, failed checks."""
+        results = [s.result for s in self.scenarios]
+        return {
+            "scenarios": len(results),
+            "finished": sum(r.finished for r in results),
+            "duplicates": sum(r.duplicates for r in results),
+            "lost": sum(r.lost for r in results),
+            "questions": sum(r.questions for r in results),
+            "paid_twice": sum(r.paid_twice for r in results),
+            "failed_checks": sum(bool(r.failed_checks) for r in results),
+            "violations": len(self.violations),
+        }
+
+    def problems(self) -> list[str]:
+        """Why the sweep fails: a load violation, or a resumed run that went wrong."""
+        found = [f"{v}" for v in self.violations]
+        for s in self.scenarios:
+            r = s.result
+            if not r.finished or r.duplicates or r.lost or r.paid_twice or r.failed_checks:
+                found.append(
+                    f"point {s.point} ({s.label}) on [{s.image}]: finished={r.finished} "
+                    f"duplicates={r.duplicates} lost={r.lost} paid_twice={r.paid_twice} "
+                    f"failed={list(r.failed_checks)} error={r.error}"
+                )
+        return found
+
+    def text(self) -> str:
+        """One line of totals, for people."""
+        t = self.totals()
+        return (
+            f"power-loss sweep of {self.job} ({self.config}, {self.store} store): "
+            f"{self.captured}/{self.points} points, {self.pairs} disks, "
+            f"{t['scenarios']} scenarios, {t['violations']} load violations, "
+            f"{t['finished']} finished, {t['duplicates']} duplicates, {t['lost']} lost, "
+            f"{t['questions']} questions, {t['paid_twice']} paid twice, "
+            f"{t['failed_checks']} failed checks\n"
+        )
+
+
+# -- recording: the crash-free run, captured at its crash points ------------------------
+
+
+def _digest(state: RunState) -> str:
+    plain = msgspec.structs.replace(state, saved_at=None)
+    return hashlib.sha256(msgspec.json.encode(plain)).hexdigest()
+
+
+def _summary(state: RunState) -> str:
+    return f"turns {state.turns}, {len(state.messages)} messages, {state.phase.value}"
+
+
+@dataclass
+class _Saves:
+    """Every save of the recorded run: its state's digest, and whether it has returned."""
+
+    saves: list[dict[str, Any]] = field(default_factory=list)
+    returned: int = -1
+    running: int | None = None
+
+    def begin(self, state: RunState) -> None:
+        self.saves.append({"digest": _digest(state), "summary": _summary(state)})
+        self.running = len(self.saves) - 1
+
+    def done(self) -> None:
+        if self.running is not None:
+            self.returned, self.running = self.running, None
+
+
+def _tracked(store: FileStore, saves: _Saves) -> FileStore:
+    """``store``, its handles recording each save's state as it begins and when it returns."""
+    new_handle = store._new_handle
+
+    def tracked_handle(run_id: str, lock_fd: int) -> FileRun:
+        handle = new_handle(run_id, lock_fd)
+        save_sync = handle.save_sync
+
+        def save(state: RunState) -> None:
+            saves.begin(state)
+            save_sync(state)
+            saves.done()
+
+        handle.save_sync = save  # type: ignore[method-assign]
+        return handle
+
+    store._new_handle = tracked_handle  # type: ignore[method-assign]
+    return store
+
+
+def _image_key(dirs: Sequence[str], files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for d in dirs:
+        digest.update(f"d {d}\0".encode())
+    for name, data in sorted(files.items()):
+        digest.update(f"f {name} {len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _record(
+    job: SweepJob,
+    world: World,
+    make_store: Callable[..., FileStore],
+    capture: Path,
+    *,
+    every: int,
+    limit: int,
+    seed: int,
+) -> int:
+    """Run the job crash-free in a child, capturing every ``every``-th point into ``capture``."""
+
+    def body() -> None:
+        fs = PowerLossFS(world.store_dir)
+        saves = _Saves()
+        modelled = replace(
+            world, store_factory=lambda d: _tracked(make_store(d, sync=True, fs=fs), saves)
+        )
+        agent = job.agent(modelled, _SweepApprover(job, modelled))
+        entries: dict[str, dict[str, Any]] = {}
+        worlds: list[str] = []
+        last_print: list[str] = []
+        plan = faults.CrashPlan()
+        pairs = [0]
+        labels: Counter[str] = Counter()
+
+        def on_point(label: str) -> None:
+            fs.mark(label)
+            n = len(plan.reached)
+            if (n - 1) % every:
+                return
+            labels[label] += 1
+            images = fs.images(at=len(fs.log), seed=seed, limit=limit)
+            fingerprint = job.fingerprint(modelled)
+            if last_print != [fingerprint]:
+                last_print[:] = [fingerprint]
+                worlds.append(f"w{len(worlds)}")
+                shutil.copytree(
+                    world.root,
+                    capture / worlds[-1],
+                    symlinks=True,
+                    ignore=_ignore_store(world.store_dir),
+                )
+            for image in images:
+                pairs[0] += 1
+                legal = f"{saves.returned} {saves.running}"
+                key = f"{worlds[-1]} {legal} {_image_key(image.dirs, dict(image.files))}"
+                if key in entries:
+                    entries[key]["covers"] += 1
+                    continue
+                disk = f"d{len(entries)}"
+                image.materialise(capture / disk)
+                entries[key] = {
+                    "point": n,
+                    "label": label,
+                    "image": image.description,
+                    "world": worlds[-1],
+                    "disk": disk,
+                    "returned": saves.returned,
+                    "running": saves.running,
+                    "covers": 1,
+                }
+
+        plan.on_point = on_point
+        with faults.installed(plan):
+            asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+        manifest = {
+            "points": len(plan.reached),
+            "pairs": pairs[0],
+            "labels": dict(labels),
+            "saves": saves.saves,
+            "entries": list(entries.values()),
+        }
+        (capture / "manifest.json").write_text(json.dumps(manifest))
+
+    return _fork(body)
+
+
+def _ignore_store(store_dir: Path) -> Callable[[str, list[str]], set[str]]:
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return {store_dir.name} if Path(directory) == store_dir.parent else set()
+
+    return ignore
+
+
+# -- resuming on each disk ---------------------------------------------------------------
+
+
+def _load(
+    world: World, saves: Sequence[dict[str, Any]], returned: int, running: int | None
+) -> tuple[str, str, Kind | None]:
+    """(what loaded, what was expected, the violation's kind or None)."""
+    legal = [i for i in (returned, running) if i is not None and i >= 0]
+    expected = " or ".join(
+        (["RunNotFound"] if returned < 0 else [])
+        + [f"save {i + 1} ({saves[i]['summary']})" for i in legal]
+    )
+    store = world.store()
+    try:
+        state = store.read_sync(RUN_ID)
+    except RunNotFound:
+        return "RunNotFound", expected, None if returned < 0 else Kind.LOST
+    except Exception as exc:  # the finding, reported not raised
+        message = str(exc).replace(str(world.root), "<world>")
+        return f"{type(exc).__name__}: {message}", expected, Kind.UNREADABLE
+    finally:
+        store.close()
+    digest = _digest(state)
+    matches = [i for i, s in enumerate(saves) if s["digest"] == digest]
+    if not matches:
+        return f"a state no save wrote ({_summary(state)})", expected, Kind.WRONG
+    if any(i in legal for i in matches):
+        chosen = max(i for i in matches if i in legal)
+        return f"save {chosen + 1} ({saves[chosen]['summary']})", expected, None
+    chosen = max(matches)
+    kind = Kind.LOST if chosen < returned else Kind.WRONG
+    return f"save {chosen + 1} ({saves[chosen]['summary']})", expected, kind
+
+
+def _resume(
+    job: SweepJob,
+    config: Config,
+    make_store: Callable[..., FileStore],
+    capture: Path,
+    saves: Sequence[dict[str, Any]],
+    reference: Counter[str],
+    entry: dict[str, Any],
+) -> PowerLossScenario:
+    with tempfile.TemporaryDirectory(prefix="durably-powerloss-resume-") as scratch:
+        root = Path(scratch, "world")
+        shutil.copytree(capture / entry["world"], root, symlinks=True)
+        world = World(root=root, config=config, store_factory=lambda d: make_store(d, sync=False))
+        shutil.copytree(capture / entry["disk"], world.store_dir, symlinks=True)
+        loaded, expected, kind = _load(world, saves, entry["returned"], entry["running"])
+        violation = None
+        if kind is not None:
+            violation = Violation(
+                kind=kind,
+                point=entry["point"],
+                where=f"at crash point {entry['point']} ({entry['label']})",
+                image=entry["image"],
+                found=loaded,
+                expected=expected,
+            )
+        log = job.call_log(world)
+        paid_twice, finished, error = 0, False, None
+        for restart in range(1, MAX_RESTARTS + 1):
+            saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
+            status = _process(job, world, first=False, plan=faults.CrashPlan(), record=None)
+            paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
+            if status != 0:
+                error = f"restart {restart} failed (status {status})"
+                break
+            finished = world.store().read_sync(RUN_ID).phase is Phase.DONE
+            break
+        spec = _Spec(config, 1, entry["point"], None, (entry["label"],), entry["covers"])
+        result = _judge(job, world, spec, reference, finished, paid_twice, None, error)
+        return PowerLossScenario(
+            point=entry["point"],
+            label=entry["label"],
+            image=entry["image"],
+            covers=entry["covers"],
+            loaded=loaded,
+            expected=expected,
+            violation=violation,
+            result=result,
+        )
+
+
+_pool_resume: Callable[[dict[str, Any]], PowerLossScenario] | None = None
+
+
+def _pool_run(entry: dict[str, Any]) -> PowerLossScenario:
+    if _pool_resume is None:  # pragma: no cover - set before the pool forks
+        raise RuntimeError("power-loss pool used before it was set up")
+    return _pool_resume(entry)
+
+
+@contextmanager
+def _pool(
+    jobs: int,
+) -> Iterator[Callable[[Sequence[dict[str, Any]]], Iterator[PowerLossScenario]]]:
+    if jobs <= 1:
+        yield lambda entries: (_pool_run(e) for e in entries)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield lambda entries: pool.imap_unordered(_pool_run, entries)
+
+
+def run_power_loss_sweep(
+    job: SweepJob,
+    *,
+    config: Config,
+    store: str | Callable[..., FileStore] = "journal",
+    every: int = 1,
+    limit: int = 8,
+    seed: int = 0,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> PowerLossReport:
+    """Cut the power at crash points of ``job``'s run, then load and resume it on every disk.
+
+    See the module docstring for what is captured, what is assumed and how each
+    scenario is judged.
+
+    Args:
+        job: what to sweep (its ``agent`` must build its store with ``world.store()``).
+        config: the configuration to run under.
+        store: a name from :data:`STORES`, or a store factory taking the directory
+            and the keywords ``sync`` and ``fs``.
+        every: capture every ``every``-th crash point (1, 1+every, ...).
+        limit: disk images per point at most (the extremes come first).
+        seed: seeds the garbage bytes of the images.
+        jobs: worker processes resuming scenarios in parallel.
+        progress: called with (scenarios done, scenarios in all).
+    """
+    global _pool_resume
+    if every < 1:
+        raise ValueError("every is at least 1")
+    make_store = STORES[store] if isinstance(store, str) else store
+    store_name = store if isinstance(store, str) else getattr(store, "__name__", "custom")
+    with tempfile.TemporaryDirectory(prefix="durably-powerloss-sweep-") as scratch:
+        world = World(root=Path(scratch, "run"), config=config)
+        world.root.mkdir()
+        job.prepare(world)
+        world.store_dir.mkdir(mode=0o700, exist_ok=True)
+        capture = Path(scratch, "captures")
+        capture.mkdir()
+        status = _record(job, world, make_store, capture, every=every, limit=limit, seed=seed)
+        manifest_path = capture / "manifest.json"
+        if status != 0 or not manifest_path.exists():
+            raise RuntimeError(f"{job.name} under {config.name!r} did not finish (status {status})")
+        manifest = json.loads(manifest_path.read_text())
+        reference = job.effects(world)
+        entries: list[dict[str, Any]] = manifest["entries"]
+        _pool_resume = functools.partial(
+            _resume, job, config, make_store, capture, manifest["saves"], reference
+        )
+        scenarios: list[PowerLossScenario] = []
+        with _pool(jobs) as run_all:
+            for scenario in run_all(entries):
+                scenarios.append(scenario)
+                if progress is not None:
+                    progress(len(scenarios), len(entries))
+    scenarios.sort(key=lambda s: (s.point, s.image))
+    return PowerLossReport(
+        job=job.name,
+        config=config.name,
+        store=store_name,
+        points=manifest["points"],
+        captured=-(-manifest["points"] // every),
+        pairs=manifest["pairs"],
+        saves=len(manifest["saves"]),
+        captured_labels=manifest["labels"],
+        scenarios=tuple(scenarios),
+    )
