@@ -177,7 +177,7 @@ def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> 
     return asyncio.run(triage(args, console, errors))
 
 
-def _power_loss(console: Console, errors: Console) -> int:
+def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
     """Every power cut at every operation of both stores' saves: how many disks, how many wrong."""
     import functools
 
@@ -217,7 +217,25 @@ def _power_loss(console: Console, errors: Console) -> int:
     console.print(
         f"lock exclusion: {len(lock)} violations; seeded mutants caught: {caught}/{len(MUTANTS)}"
     )
-    return EXIT["failed"] if violations or caught != len(MUTANTS) else EXIT["done"]
+    problems = _power_loss_runs(task, jobs, console, errors)
+    failed = violations or caught != len(MUTANTS) or problems
+    return EXIT["failed"] if failed else EXIT["done"]
+
+
+def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) -> int:
+    """The triage run resumed on every disk a power cut can leave, for each store."""
+    from .sweep import CONFIGS
+    from .sweep.powerloss_sweep import run_power_loss_sweep
+    from .triage.job import TriageJob
+
+    problems = 0
+    for store in ("journal", "snapshot"):
+        report = run_power_loss_sweep(TriageJob(task), config=CONFIGS[0], store=store, jobs=jobs)
+        console.print(report.text().rstrip())
+        for problem in report.problems()[:3]:
+            errors.print(f"[red]problem:[/red] {problem}")
+        problems += len(report.problems())
+    return problems
 
 
 def _mutant_caught(mutant: str) -> bool:
@@ -240,11 +258,11 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
     from .triage.job import TriageJob
     from .triage.world import TASKS
 
-    if args.power_loss:
-        return _power_loss(console, errors)
     if args.task not in TASKS:
         errors.print(f"error: unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
         return EXIT["usage"]
+    if args.power_loss:
+        return _power_loss(args.task, args.jobs, console, errors)
     known = {c.name: c for c in CONFIGS}
     chosen = [known[name] for name in args.config] if args.config else list(CONFIGS)
     columns = (
