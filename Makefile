@@ -11,7 +11,7 @@ $(BIN)/durably: pyproject.toml
 
 .PHONY: demo test lint bench
 demo: $(BIN)/durably
-	$(BIN)/durably triage --task m1-done-after-delete --state .durably-demo --approve off
+	$(BIN)/durably triage --task m1-done-after-delete --state .durably-demo --approve off --model replay
 
 test: $(BIN)/durably
 	scripts/system-deps

@@ -357,7 +357,11 @@ def _parser() -> argparse.ArgumentParser:
         help="ask on the terminal before filing issues (on), or approve everything (off)",
     )
     triage.add_argument(
-        "--model", default="replay", help="replay (default) or a provider model; see README"
+        "--model",
+        default=None,
+        help="replay, anthropic[:MODEL], openai[:MODEL] or auto; default: for a new run auto "
+        "(a provider whose API key is set, else the recording), for a resumed run the model "
+        "it started with",
     )
     triage.add_argument(
         "--store",

@@ -288,3 +288,19 @@ def test_the_power_loss_sweep_finds_no_violation_and_catches_every_mutant() -> N
         assert "0 load violations" in line
         assert "0 duplicates, 0 lost" in line
         assert "0 failed checks" in line
+
+
+def test_a_resumed_run_keeps_the_model_it_started_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new run with no --model and no key replays; a key set later does not switch it."""
+    from durably.triage.cli import _model_spec
+    from durably.triage.world import World
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    world = World.create(tmp_path / "world", "m1-done-after-delete")
+    assert _model_spec(None, world, resuming=False) == "replay"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    assert _model_spec(None, world, resuming=True) == "replay"
+    assert _model_spec("openai:gpt-4.1", world, resuming=True) == "openai:gpt-4.1"

@@ -21,7 +21,7 @@ from ..approval import Approver, PolicyApprover, TerminalApprover
 from ..errors import DurablyError, ModelError
 from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
-from ..models.select import choose_model
+from ..models.select import choose_model, resolve_spec
 from ..state import Phase
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
@@ -118,9 +118,10 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         world = World.open(worlds_dir(state_dir) / run_id)
 
     try:
+        spec = _model_spec(args.model, world, resuming=resuming)
         # A provider model also records the run into the world, so it can become a test.
         model = choose_model(
-            args.model,
+            spec,
             recording=recording_path(world.task),
             log=world.model_log,
             record_to=world.root / "recording.json",
@@ -158,6 +159,22 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             console.print(f"[bold]new run[/bold] {run_id} ({args.task}, model {agent.model.name})")
             outcome = await agent.run(task.description, run_id=run_id)
     return _report(outcome, world, runs_dir(state_dir), console)
+
+
+def _model_spec(asked: str | None, world: World, *, resuming: bool) -> str:
+    """The model to use: as asked; else, on resume, the one the run started with.
+
+    A new run's choice is written into its world, so a resume without ``--model``
+    never switches models under it (which would stop with ``AgentChanged``).
+    """
+    chosen = world.root / "model.txt"
+    if asked is None and resuming and chosen.exists():
+        return chosen.read_text().strip()
+    provider, name = resolve_spec(asked)
+    spec = "replay" if provider == "replay" else f"{provider}:{name}"
+    if not resuming:
+        chosen.write_text(spec + "\n")
+    return spec
 
 
 def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -> int:
