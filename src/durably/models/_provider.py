@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..errors import ModelError
+from ..state import Usage
+from . import CallLog, Price
+from ._pricing import price_of
 
 __all__ = [
     "SUMMARY_INTRO",
@@ -208,3 +212,35 @@ def classify_sdk_error(
             "the provider does not accept: report it with the run's checkpoint"
         ),
     )
+
+
+class ProviderModel:
+    """What every provider adapter shares: its name, its price, its call log, its retries.
+
+    Raises:
+        ModelError: the model has no known price and none was given.
+    """
+
+    provider: ClassVar[str]
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        price: Price | None,
+        log: CallLog | str | os.PathLike[str] | None,
+        retry: Retry | None,
+    ) -> None:
+        self._model = model
+        self.price = price_of(self.provider, model, price)
+        self.log = log if isinstance(log, CallLog) or log is None else CallLog(log)
+        self.retry = retry or Retry()
+
+    @property
+    def name(self) -> str:
+        """The model name, as configured (recorded in the run's fingerprint)."""
+        return self._model
+
+    def dollars(self, usage: Usage) -> float:
+        """What ``usage`` costs at this model's price."""
+        return self.price.dollars(usage)

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import ModelError
 from ..state import AssistantMessage, ToolResult, Usage, UserMessage
 from . import Call, CallLog, ModelRequest, Price, Reply, ToolSpec
-from ._pricing import price_of
 from ._provider import (
     SUMMARY_INTRO,
     Failure,
+    ProviderModel,
     Retry,
     canonical_json,
     classify_sdk_error,
@@ -62,7 +62,7 @@ _PROVIDER = "anthropic"
 _KEY_ENV = "ANTHROPIC_API_KEY"
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel):
     """A Claude model behind Anthropic's Messages API.
 
     Args:
@@ -80,6 +80,8 @@ class AnthropicModel:
         ModelError: the model has no known price, or no credentials were found.
     """
 
+    provider = _PROVIDER
+
     def __init__(
         self,
         model: str,
@@ -90,21 +92,9 @@ class AnthropicModel:
         log: CallLog | str | os.PathLike[str] | None = None,
         retry: Retry | None = None,
     ) -> None:
-        self._model = model
-        self.price = price_of(_PROVIDER, model, price)
+        super().__init__(model, price=price, log=log, retry=retry)
         self.max_tokens = max_tokens
-        self.log = log if isinstance(log, CallLog) or log is None else CallLog(log)
-        self.retry = retry or Retry()
         self.client = _client(client)
-
-    @property
-    def name(self) -> str:
-        """The model name, as configured (recorded in the run's fingerprint)."""
-        return self._model
-
-    def dollars(self, usage: Usage) -> float:
-        """What ``usage`` costs at this model's price."""
-        return self.price.dollars(usage)
 
     async def reply(self, request: ModelRequest) -> Reply:
         """Ask the model for ``request.turn``, retrying transient failures.

@@ -39,8 +39,14 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import ModelError
 from ..state import AssistantMessage, ToolResult, Usage, UserMessage
 from . import Call, CallLog, ModelRequest, Price, Reply, ToolSpec
-from ._pricing import price_of
-from ._provider import SUMMARY_INTRO, Failure, Retry, classify_sdk_error, with_retries
+from ._provider import (
+    SUMMARY_INTRO,
+    Failure,
+    ProviderModel,
+    Retry,
+    classify_sdk_error,
+    with_retries,
+)
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -59,7 +65,7 @@ _PROVIDER = "openai"
 _KEY_ENV = "OPENAI_API_KEY"
 
 
-class OpenAIModel:
+class OpenAIModel(ProviderModel):
     """A model behind OpenAI's Chat Completions API.
 
     Args:
@@ -76,6 +82,8 @@ class OpenAIModel:
         ModelError: the model has no known price, or no API key was found.
     """
 
+    provider = _PROVIDER
+
     def __init__(
         self,
         model: str,
@@ -85,20 +93,8 @@ class OpenAIModel:
         log: CallLog | str | os.PathLike[str] | None = None,
         retry: Retry | None = None,
     ) -> None:
-        self._model = model
-        self.price = price_of(_PROVIDER, model, price)
-        self.log = log if isinstance(log, CallLog) or log is None else CallLog(log)
-        self.retry = retry or Retry()
+        super().__init__(model, price=price, log=log, retry=retry)
         self.client = _client(client)
-
-    @property
-    def name(self) -> str:
-        """The model name, as configured (recorded in the run's fingerprint)."""
-        return self._model
-
-    def dollars(self, usage: Usage) -> float:
-        """What ``usage`` costs at this model's price."""
-        return self.price.dollars(usage)
 
     async def reply(self, request: ModelRequest) -> Reply:
         """Ask the model for ``request.turn``, retrying transient failures.
