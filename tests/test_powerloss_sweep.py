@@ -18,13 +18,9 @@ The whole file takes about 40 s on two cores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from unittest import mock
-
 import pytest
 
-from durably.stores.journal import JournalRun
+from _helpers.mutants import no_datasync
 from durably.sweep.core import CONFIGS
 from durably.sweep.powerloss import Kind, seeded
 from durably.sweep.powerloss_sweep import PowerLossReport, run_power_loss_sweep
@@ -72,25 +68,9 @@ def test_snapshot_store_every_third_point_loads_and_resumes_cleanly() -> None:
     } <= labels
 
 
-@contextmanager
-def _no_datasync() -> Iterator[None]:
-    """Appends that never reach the disk's cache flush (as tests/test_store_journal.py)."""
-    original = JournalRun._append
-
-    def append(self: JournalRun, record: bytes) -> None:
-        sync, self._journal.sync = self._journal.sync, False
-        try:
-            original(self, record)
-        finally:
-            self._journal.sync = sync
-
-    with mock.patch.object(JournalRun, "_append", append):
-        yield
-
-
 @pytest.mark.parametrize(
     ("store", "mutant"),
-    [("journal", _no_datasync), ("snapshot", lambda: seeded("no-dir-fsync"))],
+    [("journal", no_datasync), ("snapshot", lambda: seeded("no-dir-fsync"))],
     ids=["journal without fdatasync", "snapshot without directory sync"],
 )
 def test_a_store_mutant_is_caught(store: str, mutant: object) -> None:

@@ -17,6 +17,7 @@ from unittest import mock
 import pytest
 
 import durably
+from _helpers.mutants import no_datasync
 from durably import faults
 from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, UserMessage, utcnow
 from durably.stores import journal
@@ -150,21 +151,6 @@ def test_the_journal_survives_every_power_cut() -> None:
 def test_compaction_survives_every_power_cut() -> None:
     """With compaction at most saves, every legal disk at every point still loads old or new."""
     assert check_protocol(saves=5, store=EAGER) == []
-
-
-@contextmanager
-def no_datasync() -> Iterator[None]:
-    original = JournalRun._append
-
-    def append(self: JournalRun, record: bytes) -> None:
-        sync, self._journal.sync = self._journal.sync, False
-        try:
-            original(self, record)
-        finally:
-            self._journal.sync = sync
-
-    with mock.patch.object(JournalRun, "_append", append):
-        yield
 
 
 @contextmanager
