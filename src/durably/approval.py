@@ -215,7 +215,7 @@ class TerminalApprover:
         return Rerun()
 
     async def _ask(self, run_id: str, call_id: str, prompt: str) -> str:
-        if not self._in.isatty() and self._in is sys.stdin and _stdin_closed():
+        if self._in.closed:
             raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="stdin is closed")
         self._out.write(prompt)
         self._out.flush()
@@ -223,10 +223,6 @@ class TerminalApprover:
         if not line:
             raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="no answer on stdin")
         return line.strip()
-
-
-def _stdin_closed() -> bool:
-    return sys.stdin is None or sys.stdin.closed
 
 
 def _pretty(arguments: str) -> str:

@@ -30,11 +30,11 @@ import os
 import struct
 import zlib
 from contextlib import suppress
-from typing import Any
 
 import msgspec
 
 from .. import faults
+from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, utcnow
 from ._envelope import seal
@@ -110,7 +110,7 @@ class JournalStore(FileStore):
         sync: bool = True,
         compact_ratio: float = 4.0,
         compact_min_bytes: int = 1 << 20,
-        fs: Any = None,
+        fs: FileSystem | None = None,
         allow_network_fs: bool = False,
     ) -> None:
         super().__init__(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)

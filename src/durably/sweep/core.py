@@ -272,7 +272,7 @@ class ScenarioResult:
     error: str | None = None
 
 
-def _distinct(labels: Sequence[str], prints: Sequence[str]) -> list[tuple[int, int]]:
+def _distinct(prints: Sequence[str]) -> list[tuple[int, int]]:
     """(1-based point index, points covered) for each run of equal fingerprints."""
     chosen: list[tuple[int, int]] = []
     previous = None
@@ -372,11 +372,7 @@ def _judge(
     covers: tuple[int, ...] = ()
     if restart_record is not None:
         window = _window(restart_record["labels"])
-        chosen = [
-            (i, c)
-            for i, c in _distinct(restart_record["labels"], restart_record["prints"])
-            if i <= window
-        ]
+        chosen = [(i, c) for i, c in _distinct(restart_record["prints"]) if i <= window]
         points = tuple(i for i, _ in chosen)
         covers = tuple(c for _, c in chosen)
         labels = tuple(restart_record["labels"][i - 1] for i in points)
@@ -552,11 +548,12 @@ def run_sweep(
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
     _pool_job = job
+    _pool_references.clear()  # references of an earlier sweep in this process
     first_specs: list[_Spec] = []
     for config in configs:
         labels, prints, effects = _record_points(job, config)
         _pool_references[config.name] = effects
-        for index, covers in _distinct(labels, prints):
+        for index, covers in _distinct(prints):
             first_specs.append(_Spec(config, 1, index, None, (labels[index - 1],), covers))
     results: list[ScenarioResult] = []
     total = len(first_specs)

@@ -50,8 +50,6 @@ class ToolOptions:
 
     honour_keys: bool = True
     """The tracker deduplicates on idempotency keys."""
-    comment_lookup: bool = True
-    """``comment_issue`` has a lookup; without one an in-doubt comment goes to a person."""
     key_ttl: timedelta = timedelta(hours=24)
 
 
@@ -129,7 +127,7 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
     @tool(
         effect=keyed,
         key_ttl=ttl,
-        lookup=find_comment if options.comment_lookup else None,
+        lookup=find_comment,
     )
     async def comment_issue(ctx: ToolContext, number: int, body: str) -> str:
         """Add a comment to an issue (for example, the fix that closes it)."""
