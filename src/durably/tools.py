@@ -14,6 +14,7 @@ files were meant to get.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
@@ -170,14 +171,14 @@ def tool(
         if not inspect.iscoroutinefunction(function):
             raise TypeError(f"tool {function.__name__} must be an async function")
         tool_name = name or function.__name__
-        arguments = _arguments_struct(function, tool_name)
+        arguments, schema = _described(function, tool_name)
         return Tool(
             name=tool_name,
             description=description or inspect.getdoc(function) or tool_name,
             effect=effect,
             function=function,
             arguments=arguments,
-            schema=_schema(arguments),
+            schema=schema,
             needs_approval=needs_approval,
             key_ttl=key_ttl,
             lookup=lookup,
@@ -185,6 +186,40 @@ def tool(
         )
 
     return decorate
+
+
+_descriptions: dict[tuple[object, ...], tuple[type[msgspec.Struct], dict[str, Any]]] = {}
+
+
+def _described(
+    function: ToolFunction, tool_name: str
+) -> tuple[type[msgspec.Struct], dict[str, Any]]:
+    """The arguments' struct and schema, made once per function definition.
+
+    Tools are often defined inside a factory called once per run (the sweep
+    builds every scenario's agent anew), and building the schema costs more
+    than the rest of the agent. Functions with the same code, defaults and
+    annotations take the same arguments, so they share the result.
+    """
+    code = getattr(function, "__code__", None)
+    key: tuple[object, ...]
+    try:
+        key = (
+            code,
+            tool_name,
+            getattr(function, "__defaults__", None),
+            tuple(sorted((getattr(function, "__kwdefaults__", None) or {}).items())),
+            tuple(function.__annotations__.items()),
+        )
+        known = _descriptions.get(key) if code is not None else None
+    except TypeError:  # an unhashable default or annotation: describe it every time
+        key, known = (), None
+    if known is None:
+        arguments = _arguments_struct(function, tool_name)
+        known = (arguments, _schema(arguments))
+        if key:
+            _descriptions[key] = known
+    return known[0], copy.deepcopy(known[1])
 
 
 def _arguments_struct(function: ToolFunction, tool_name: str) -> type[msgspec.Struct]:

@@ -77,6 +77,26 @@ def load_recording(path: str | os.PathLike[str]) -> Recording:
         raise ReplayMismatch(path=str(path), turn=0, reason=f"unreadable recording: {exc}") from exc
 
 
+_loaded: dict[tuple[str, int, int, int], Recording] = {}
+
+
+def _load_unchanged(path: str | os.PathLike[str]) -> Recording:
+    """``load_recording``, decoded once while the file keeps its inode, size and time.
+
+    A replayed run builds its model in every process it starts (the sweep starts
+    thousands); a recording is read-only to the model, so one copy serves them all.
+    """
+    try:
+        info = os.stat(path)
+    except OSError:
+        return load_recording(path)  # which reports the error
+    stamp = (os.fspath(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    known = _loaded.get(stamp)
+    if known is None:
+        known = _loaded[stamp] = load_recording(path)
+    return known
+
+
 def save_recording(recording: Recording, path: str | os.PathLike[str]) -> None:
     """Write a recording as indented JSON (it is reviewed like code)."""
     Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(recording), indent=2) + b"\n")
@@ -99,7 +119,7 @@ class ReplayModel(ScriptedModel):
         fickle: bool | Fickle = False,
     ) -> None:
         self.path = str(path)
-        self.recording = load_recording(path)
+        self.recording = _load_unchanged(path)
         price = self.recording.price
         replies = [
             Reply(

@@ -140,11 +140,31 @@ def reproduce(root: Path, commands: Iterable[str], *, path_prefix: str = "") -> 
     return None
 
 
-@functools.lru_cache(maxsize=512)
 def _compile(source: bytes, filename: str) -> CodeType:
-    # Keyed by the text itself, so an edit always recompiles; optimize=0 keeps
-    # the asserts the tests are made of, even under ``python -O``.
-    return compile(source, filename, "exec", dont_inherit=True, optimize=0)
+    """``source`` compiled as if read from ``filename``."""
+    try:
+        code = _compile_text(source)
+    except SyntaxError:
+        # Compiled again to raise the error naming the file, as the import system would.
+        return compile(source, filename, "exec", dont_inherit=True, optimize=0)
+    return _with_filename(code, filename)
+
+
+@functools.lru_cache(maxsize=512)
+def _compile_text(source: bytes) -> CodeType:
+    # Keyed by the text alone, so an edit always recompiles and the same file in
+    # another workspace (every sweep scenario has its own) compiles once;
+    # optimize=0 keeps the asserts the tests are made of, even under ``python -O``.
+    return compile(source, "<sample>", "exec", dont_inherit=True, optimize=0)
+
+
+def _with_filename(code: CodeType, filename: str) -> CodeType:
+    """A copy of ``code`` and every code object nested in it, naming ``filename``."""
+    constants = tuple(
+        _with_filename(value, filename) if isinstance(value, CodeType) else value
+        for value in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=constants)
 
 
 class _Session:

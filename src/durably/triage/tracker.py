@@ -300,6 +300,9 @@ class Tracker:
         self.key_ttl = key_ttl
         self._clock = clock or _system_clock
         with closing(self._connect()) as connection:
+            (version,) = connection.execute("PRAGMA user_version").fetchone()
+            if version == _SCHEMA_VERSION:
+                return  # made by an earlier open: WAL and the schema are in the file
             # WAL is a property of the file: set once, kept by every later connection.
             # Switching to it can answer SQLITE_BUSY without waiting on the busy
             # handler while another process creates the same database: try again.
