@@ -15,16 +15,21 @@ For each configuration the sweep
    asked of a person, saved replies paid for twice, failed checks, and which
    ladder step decided each in-doubt call.
 
-Children are forked from the warm sweep process (a fork server: no interpreter
-start-up per scenario) and die by a real SIGKILL: no ``finally`` runs, no lock
-is released politely. Points whose fingerprint equals the previous point's leave
-an identical disk (temp files aside, which every open removes), so a crash there
-is the same scenario; the sweep runs it once and counts the points it covers.
+Children are forked from warm worker processes (a fork server: no interpreter
+start-up per scenario, and whatever the job builds lazily is built once, by a
+warm-up run in each worker) and die by a real SIGKILL: no ``finally`` runs, no
+lock is released politely. Points whose fingerprint equals the previous point's
+leave an identical disk (temp files aside, which every open removes), so a crash
+there is the same scenario; the sweep runs it once and counts the points it
+covers. The second crashes that follow one first crash share its kill: the disk
+the killed process left is kept in memory and laid down again, at the same
+path, before each of their restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -46,6 +51,7 @@ from ..models import CallLog
 from ..state import Effect, Phase, RunState
 from ..stores.file import FileStore
 from ..tools import Found, Lookup, Tool, ToolContext
+from ._tree import Tree, Uncopyable
 
 __all__ = [
     "CONFIGS",
@@ -304,36 +310,95 @@ class _Spec:
     covers: int
 
 
+@dataclass(frozen=True)
+class _Group:
+    """A first crash and, at depth 2, every second crash in the restart that follows it."""
+
+    config: Config
+    first: int
+    label: str
+    covers: int
+    depth: int
+
+
+def _run_group(job: SweepJob, group: _Group, reference: Counter[str]) -> list[ScenarioResult]:
+    """The first crash's scenario, then each second crash's, all from one real first kill.
+
+    The first process is killed once; the disk it left is kept in memory and
+    laid down again, at the same path, before each second crash's restart. A
+    dead process writes nothing more, so that disk is the one a fresh world
+    killed at the same point would leave, and re-running the first process
+    for every second crash (most of a scenario's cost) proves nothing more.
+    """
+    first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers)
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+        world = World(root=Path(scratch) / "world", config=group.config)
+        world.root.mkdir()
+        job.prepare(world)
+        error = _first_process(job, world, group.first)
+        try:
+            left = Tree.read(world.root)
+        except Uncopyable:
+            left = None  # each second crash then starts from a fresh world
+        results = [_restart_and_judge(job, world, first, reference, error)]
+        if group.depth < 2:
+            return results
+        done = results[0]
+        for point, label, covers in zip(
+            done.restart_points, done.restart_labels, done.restart_covers, strict=True
+        ):
+            spec = _Spec(group.config, 2, group.first, point, (group.label, label), covers)
+            if left is None:
+                results.append(_run_scenario(job, spec, reference))
+            else:
+                left.write(world.root)
+                results.append(_restart_and_judge(job, world, spec, reference, error))
+        return results
+
+
 def _run_scenario(job: SweepJob, spec: _Spec, reference: Counter[str]) -> ScenarioResult:
+    """One scenario in a fresh world: the first process killed, then the restarts."""
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
         world = World(root=Path(scratch), config=spec.config)
         job.prepare(world)
-        log = job.call_log(world)
-        error = None
-        status = _process(job, world, first=True, plan=faults.CrashPlan(at=spec.first), record=None)
-        if not _killed(status):
-            error = f"the first process did not die at point {spec.first} (status {status})"
-        paid_twice = 0
-        restart_record: dict[str, Any] | None = None
-        finished = False
-        for restart in range(1, MAX_RESTARTS + 1):
-            saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
-            second = spec.second if restart == 1 else None
-            plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
-            record = world.root / "restart.json" if restart == 1 and second is None else None
-            status = _process(job, world, first=False, plan=plan, record=record)
-            paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
-            if record is not None and record.exists():
-                restart_record = json.loads(record.read_text())
-            if _killed(status) and second is not None:
-                continue
-            if status != 0:
-                error = error or f"restart {restart} failed (status {status})"
-                break
-            state = world.store().read_sync(RUN_ID)
-            finished = state.phase is Phase.DONE
+        error = _first_process(job, world, spec.first)
+        return _restart_and_judge(job, world, spec, reference, error)
+
+
+def _first_process(job: SweepJob, world: World, point: int) -> str | None:
+    """Start the run in a process that SIGKILLs itself at ``point``; the error, if it did not."""
+    status = _process(job, world, first=True, plan=faults.CrashPlan(at=point), record=None)
+    if not _killed(status):
+        return f"the first process did not die at point {point} (status {status})"
+    return None
+
+
+def _restart_and_judge(
+    job: SweepJob, world: World, spec: _Spec, reference: Counter[str], error: str | None
+) -> ScenarioResult:
+    """Restart (dying at ``spec.second`` the first time, if set) until the run ends; judge it."""
+    log = job.call_log(world)
+    paid_twice = 0
+    restart_record: dict[str, Any] | None = None
+    finished = False
+    for restart in range(1, MAX_RESTARTS + 1):
+        saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
+        second = spec.second if restart == 1 else None
+        plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
+        record = world.root / "restart.json" if restart == 1 and second is None else None
+        status = _process(job, world, first=False, plan=plan, record=record)
+        paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
+        if record is not None and record.exists():
+            restart_record = json.loads(record.read_text())
+        if _killed(status) and second is not None:
+            continue
+        if status != 0:
+            error = error or f"restart {restart} failed (status {status})"
             break
-        return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
+        state = world.store().read_sync(RUN_ID)
+        finished = state.phase is Phase.DONE
+        break
+    return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
 
 
 def _saved_turns(world: World) -> int:
@@ -511,20 +576,41 @@ _pool_job: SweepJob | None = None
 _pool_references: dict[str, Counter[str]] = {}
 
 
-def _pool_run(spec: _Spec) -> ScenarioResult:
+def _pool_run(group: _Group) -> list[ScenarioResult]:
     if _pool_job is None:  # pragma: no cover - set before the pool forks
         raise RuntimeError("sweep pool used before it was set up")
-    return _run_scenario(_pool_job, spec, _pool_references[spec.config.name])
+    return _run_group(_pool_job, group, _pool_references[group.config.name])
+
+
+def _pool_warm_up(config: Config) -> None:
+    """Run the job once, without crashing, in this worker: the processes it forks start warm.
+
+    Whatever the job builds lazily (imports, compiled code, schemas, decoded
+    recordings) is then in memory before the fork, so no scenario pays for it.
+    ``gc.freeze`` keeps the collector from touching, and so copying, every
+    inherited page in each child.
+    """
+    if _pool_job is None:  # pragma: no cover - set before the pool forks
+        raise RuntimeError("sweep pool used before it was set up")
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+        world = World(root=Path(scratch), config=config)
+        _pool_job.prepare(world)
+        agent = _pool_job.agent(world, _SweepApprover(_pool_job, world))
+        asyncio.run(agent.run(_pool_job.task(), run_id=RUN_ID))
+    gc.collect()
+    gc.freeze()
 
 
 @contextmanager
-def _pool(jobs: int) -> Iterator[Callable[[Sequence[_Spec]], Iterator[ScenarioResult]]]:
-    if jobs <= 1:
-        yield lambda specs: (_pool_run(s) for s in specs)
-        return
-    # Fork workers from the warm parent; each worker forks one child per process of a scenario.
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield lambda specs: pool.imap_unordered(_pool_run, specs)
+def _pool(
+    jobs: int, config: Config
+) -> Iterator[Callable[[Sequence[_Group]], Iterator[list[ScenarioResult]]]]:
+    # Workers are forked from the parent and warmed up once; each forks one child
+    # per process of a scenario. The warm-up runs in a worker, never in the caller
+    # (a user's test process), even for a single job.
+    context = multiprocessing.get_context("fork")
+    with context.Pool(max(1, jobs), initializer=_pool_warm_up, initargs=(config,)) as pool:
+        yield lambda groups: pool.imap_unordered(_pool_run, groups)
 
 
 def run_sweep(
@@ -547,39 +633,27 @@ def run_sweep(
     global _pool_job
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
+    if not configs:
+        raise ValueError("give at least one configuration to sweep")
     _pool_job = job
     _pool_references.clear()  # references of an earlier sweep in this process
-    first_specs: list[_Spec] = []
+    groups: list[_Group] = []
     for config in configs:
         labels, prints, effects = _record_points(job, config)
         _pool_references[config.name] = effects
+        # Baselines already fail at depth 1; a second crash adds nothing to that proof.
+        group_depth = depth if config.protected else 1
         for index, covers in _distinct(prints):
-            first_specs.append(_Spec(config, 1, index, None, (labels[index - 1],), covers))
+            groups.append(_Group(config, index, labels[index - 1], covers, group_depth))
     results: list[ScenarioResult] = []
-    total = len(first_specs)
-    by_key = {(s.config.name, s.first): s for s in first_specs}
-    with _pool(jobs) as run_all:
-        for result in run_all(first_specs):
-            results.append(result)
+    # Second crashes become known as each first crash's restart is recorded.
+    total = len(groups)
+    with _pool(jobs, configs[0]) as run_all:
+        for found in run_all(groups):
+            results.extend(found)
+            total += len(found) - 1
             if progress is not None:
                 progress(len(results), total)
-        if depth == 2:
-            second_specs = []
-            # Baselines already fail at depth 1; a second crash adds nothing to that proof.
-            protected = {c.name for c in configs if c.protected}
-            for result in [r for r in results if r.config in protected]:
-                spec = by_key[(result.config, result.at[0])]
-                for point, label, covers in zip(
-                    result.restart_points, result.restart_labels, result.restart_covers, strict=True
-                ):
-                    second_specs.append(
-                        _Spec(spec.config, 2, spec.first, point, (*spec.labels, label), covers)
-                    )
-            total += len(second_specs)
-            for result in run_all(second_specs):
-                results.append(result)
-                if progress is not None:
-                    progress(len(results), total)
     order = {c.name: i for i, c in enumerate(configs)}
     results.sort(key=lambda r: (order[r.config], r.depth, r.at))
     return SweepReport(job=job.name, results=tuple(results), configs=tuple(configs), depth=depth)

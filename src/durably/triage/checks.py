@@ -8,6 +8,7 @@ to judge every scenario.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -95,18 +96,27 @@ def _tests_exist(s: _Scene) -> _Result:
 
 def _tests_fail_on_original(s: _Scene) -> _Result:
     passing = []
+    for group in s.task.groups:
+        written = s.world.workspace / group.regression_test.path
+        if written.is_file() and _passes_on_original(
+            group.regression_test.path, written.read_bytes()
+        ):
+            passing.append(group.regression_test.path)
+    return f"pass on the unpatched code: {', '.join(passing)}" if passing else None
+
+
+@functools.lru_cache(maxsize=64)
+def _passes_on_original(path: str, test: bytes) -> bool:
+    """Whether the test file ``test``, put at ``path`` in the pristine sample, passes.
+
+    Remembered by the file's text: the pristine sample never changes, and the
+    crash sweep judges thousands of worlds whose tests are mostly the same bytes.
+    """
     with tempfile.TemporaryDirectory() as scratch:
         pristine = Path(scratch) / "sample"
         shutil.copytree(original_sample_dir(), pristine)
-        for group in s.task.groups:
-            written = s.world.workspace / group.regression_test.path
-            if not written.is_file():
-                continue
-            (pristine / group.regression_test.path).write_bytes(written.read_bytes())
-            report = run_sample_tests(pristine, only=[group.regression_test.path])
-            if report.ok:
-                passing.append(group.regression_test.path)
-    return f"pass on the unpatched code: {', '.join(passing)}" if passing else None
+        (pristine / path).write_bytes(test)
+        return run_sample_tests(pristine, only=[path]).ok
 
 
 def _tests_pass_on_patched(s: _Scene) -> _Result:

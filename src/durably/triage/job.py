@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ..approval import Approver, Done, Rerun, ResolveRequest
 from ..loop import Agent
 from ..models import CallLog
 from ..state import RunState
+from ..sweep._tree import Tree
 from ..sweep.core import World as SweepWorld
 from ..sweep.core import digest_files
 from .agent import build_agent, replay_model
@@ -39,13 +41,23 @@ class TriageJob:
         self.name = f"triage {task}"
         self._file_digests: dict[tuple[str, int, int, int], str] = {}
         self._readers: dict[tuple[int, str], sqlite3.Connection] = {}
+        self._template: Tree | None = None
 
     def _world(self, world: SweepWorld) -> World:
         return World.at(world.root / "world", self._task.name)
 
     def prepare(self, world: SweepWorld) -> None:
-        """A fresh copy of the sample and an empty tracker."""
-        World.create(world.root / "world", self._task.name)
+        """A fresh copy of the sample and an empty tracker.
+
+        The first world is made by ``World.create``; every later one is written
+        from an in-memory copy of it (files, modes, the empty tracker's bytes),
+        which costs a fraction of copying the sample and creating a database.
+        """
+        if self._template is None:
+            with tempfile.TemporaryDirectory(prefix="durably-template-") as scratch:
+                World.create(Path(scratch) / "world", self._task.name)
+                self._template = Tree.read(Path(scratch) / "world")
+        self._template.write(world.root / "world")
 
     def task(self) -> str:
         """The task's description, as the recording expects it."""

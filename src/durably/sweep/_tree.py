@@ -1,0 +1,106 @@
+"""A directory tree held in memory and written back byte for byte.
+
+The sweep keeps the disk a killed process left behind and lays it down again
+for each second crash that follows it; the triage job keeps its fresh world
+the same way. Regular files, directories and symbolic links are kept, with
+their modes and modification times; anything else (a socket, a FIFO) cannot
+be copied and raises :class:`Uncopyable`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Tree", "Uncopyable"]
+
+
+class Uncopyable(Exception):
+    """The tree holds something other than files, directories and links."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    path: str
+    """Relative to the tree's root; parents come before their children."""
+    mode: int
+    mtime_ns: int
+    contents: bytes | None = None
+    """A file's bytes; None for a directory or a link."""
+    link: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """Everything under a directory, as it was when read."""
+
+    entries: tuple[_Entry, ...]
+
+    @classmethod
+    def read(cls, root: Path) -> Tree:
+        """Read everything under ``root`` (which itself is not part of the tree)."""
+        entries: list[_Entry] = []
+        pending = [""]
+        while pending:
+            relative = pending.pop()
+            with os.scandir(os.path.join(root, relative)) as scan:
+                children = sorted(scan, key=lambda e: e.name)
+            for child in children:
+                path = os.path.join(relative, child.name)
+                info = child.stat(follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    link = os.readlink(child.path)
+                    entries.append(_Entry(path, 0, info.st_mtime_ns, link=link))
+                elif stat.S_ISDIR(info.st_mode):
+                    entries.append(_Entry(path, stat.S_IMODE(info.st_mode), info.st_mtime_ns))
+                    pending.append(path)
+                elif stat.S_ISREG(info.st_mode):
+                    with open(child.path, "rb") as file:
+                        contents = file.read()
+                    mode = stat.S_IMODE(info.st_mode)
+                    entries.append(_Entry(path, mode, info.st_mtime_ns, contents=contents))
+                else:
+                    raise Uncopyable(f"{child.path} is neither a file, a directory nor a link")
+        return cls(tuple(entries))
+
+    def write(self, root: Path) -> None:
+        """Make ``root`` hold exactly this tree: anything else under it is removed first."""
+        if root.exists():
+            if sys.version_info >= (3, 12):
+                shutil.rmtree(root, onexc=_make_writable_and_retry)
+            else:
+                shutil.rmtree(root, onerror=_make_writable_and_retry)
+        root.mkdir(parents=True)
+        directories: list[_Entry] = []
+        for entry in self.entries:
+            path = os.path.join(root, entry.path)
+            if entry.link is not None:
+                os.symlink(entry.link, path)
+                os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+            elif entry.contents is None:
+                os.mkdir(path, 0o700)
+                directories.append(entry)
+            else:
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with open(descriptor, "wb") as file:
+                    file.write(entry.contents)
+                os.chmod(path, entry.mode)
+                os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
+        # Directories last and deepest first: filling one moves its time, and a
+        # read-only one could not be filled.
+        for entry in reversed(directories):
+            path = os.path.join(root, entry.path)
+            os.chmod(path, entry.mode)
+            os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
+
+
+def _make_writable_and_retry(function: Callable[..., object], path: str, _: object) -> None:
+    """rmtree's error hook: a read-only directory (kept as it was) blocks removing its files."""
+    parent = os.path.dirname(path)
+    os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | stat.S_IRWXU)
+    function(path)
