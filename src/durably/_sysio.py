@@ -123,8 +123,26 @@ def is_regular(info: os.stat_result) -> bool:
     return stat.S_ISREG(info.st_mode)
 
 
+_types_by_device: dict[int, str | None] = {}
+
+
 def filesystem_type(path: str | Path) -> str | None:
-    """The type of the file system holding ``path`` (from /proc/self/mountinfo), if known."""
+    """The type of the file system holding ``path`` (from /proc/self/mountinfo), if known.
+
+    Remembered per device number: every file on one mounted file system has
+    its device's number, so a store opened again (the crash sweep opens
+    thousands) reads the mount table once.
+    """
+    try:
+        device = os.stat(path).st_dev
+    except OSError:
+        return _read_filesystem_type(path)
+    if device not in _types_by_device:
+        _types_by_device[device] = _read_filesystem_type(path)
+    return _types_by_device[device]
+
+
+def _read_filesystem_type(path: str | Path) -> str | None:
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:

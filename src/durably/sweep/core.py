@@ -223,15 +223,42 @@ def _fork(body: Callable[[], None]) -> int:
 
 
 def _process(
-    job: SweepJob, world: World, *, first: bool, plan: faults.CrashPlan, record: Path | None
+    job: SweepJob,
+    world: World,
+    *,
+    first: bool,
+    plan: faults.CrashPlan,
+    record: Path | None,
+    window_only: bool = False,
 ) -> int:
-    """One process of the run: start it or resume it, under a crash plan."""
+    """One process of the run: start it or resume it, under a crash plan.
+
+    With ``record``, the labels of every point reached and fingerprints of the
+    disk at each are written there; ``window_only`` stops fingerprinting once
+    the recovery window (see :func:`_window`) has closed and the disk changed.
+    """
 
     def body() -> None:
         agent = job.agent(world, _SweepApprover(job, world))
+        prints: list[str] = []
+        # "open", then "closing" after the window's last point (its fingerprint
+        # still counts the equal points after it), then "closed" once the disk changes.
+        window = "open"
+
+        def fingerprint(label: str) -> None:
+            nonlocal window
+            if window == "closed":
+                return
+            digest = job.fingerprint(world)
+            if window == "closing" and digest != prints[-1]:
+                window = "closed"
+                return
+            prints.append(digest)
+            if window_only and label == _WINDOW_END:
+                window = "closing"
+
         if record is not None:
-            prints: list[str] = []
-            plan.on_point = lambda label: prints.append(job.fingerprint(world))
+            plan.on_point = fingerprint
         # A crash before the start save returned leaves no run: the next process starts it.
         start = first or RUN_ID not in world.store().list_runs_sync()
         with faults.installed(plan):
@@ -292,10 +319,13 @@ def _distinct(prints: Sequence[str]) -> list[tuple[int, int]]:
     return chosen
 
 
+_WINDOW_END = "loop.saved.reply"
+
+
 def _window(labels: Sequence[str]) -> int:
     """How many points of a restart belong to its recovery (up to its first saved reply)."""
     for index, label in enumerate(labels, 1):
-        if label == "loop.saved.reply":
+        if label == _WINDOW_END:
             return index
     return len(labels)
 
@@ -386,7 +416,7 @@ def _restart_and_judge(
         second = spec.second if restart == 1 else None
         plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
         record = world.root / "restart.json" if restart == 1 and second is None else None
-        status = _process(job, world, first=False, plan=plan, record=record)
+        status = _process(job, world, first=False, plan=plan, record=record, window_only=True)
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
         if record is not None and record.exists():
             restart_record = json.loads(record.read_text())

@@ -536,9 +536,9 @@ class Tracker:
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
+            # The timeout is SQLite's busy timeout: a locked database is waited for.
             self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
         )
-        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         connection.execute(f"PRAGMA synchronous = {'FULL' if self.sync else 'OFF'}")
         connection.execute("PRAGMA foreign_keys = ON")
         return connection
