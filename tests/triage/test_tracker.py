@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -262,3 +263,33 @@ def test_two_processes_file_concurrently(tmp_path: Path) -> None:
     tracker = Tracker(path)
     assert len(tracker.issues()) == 30
     assert len(tracker.effects()) == 30
+
+
+def test_a_tracker_read_again_sees_writes_made_through_another(tmp_path: Path) -> None:
+    """The connection a tracker keeps for reads never serves a stale view."""
+    reader = Tracker(tmp_path / "tracker.db", key_ttl=TTL)
+    writer = Tracker(tmp_path / "tracker.db", key_ttl=TTL)
+    assert reader.issues() == []
+    file_done_after_delete(writer, key="k-1")
+    assert [issue.cause for issue in reader.issues()] == ["done-after-delete"]
+    writer.comment(number=1, body="seen", key="k-2")
+    assert [comment.body for comment in reader.comments()] == ["seen"]
+    assert reader.lookup("k-2") is not None
+
+
+def test_a_forked_child_reads_through_its_own_connection(tmp_path: Path) -> None:
+    """A tracker used before a fork works in the child and, after the child exits, in the parent."""
+    tracker = Tracker(tmp_path / "tracker.db", key_ttl=TTL)
+    file_done_after_delete(tracker, key="k-1")
+    assert len(tracker.issues()) == 1
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            tracker.comment(number=1, body="from the child", key="k-2")
+            ok = [c.body for c in tracker.comments()] == ["from the child"]
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [c.body for c in tracker.comments()] == ["from the child"]

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -236,6 +237,10 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
 # -- clock ----------------------------------------------------------------------
 
 
+_inherited: list[sqlite3.Connection] = []
+"""Read connections a forked child inherited: kept referenced so they are never closed there."""
+
+
 def _system_clock() -> datetime:
     return datetime.now(UTC)
 
@@ -299,7 +304,10 @@ class Tracker:
         self.honour_keys = honour_keys
         self.key_ttl = key_ttl
         self._clock = clock or _system_clock
-        with closing(self._connect()) as connection:
+        self._reader: sqlite3.Connection | None = None
+        self._reader_pid = 0
+        self._reader_lock = threading.Lock()
+        with self._reading() as connection:
             (version,) = connection.execute("PRAGMA user_version").fetchone()
             if version == _SCHEMA_VERSION:
                 return  # made by an earlier open: WAL and the schema are in the file
@@ -430,7 +438,7 @@ class Tracker:
             :class:`Comment`, plus ``"kind"``: ``"issue"`` or ``"comment"``), or
             None when the tracker holds no record of the key.
         """
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             row = connection.execute(
                 "SELECT response FROM idempotency_keys WHERE key = ?", (key,)
             ).fetchone()
@@ -452,7 +460,7 @@ class Tracker:
 
     def issues(self) -> list[Issue]:
         """Every issue, oldest first."""
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             rows = connection.execute(
                 "SELECT number, title, body, cause, reports, key, created FROM issues "
                 "ORDER BY number"
@@ -465,7 +473,7 @@ class Tracker:
         Raises:
             IssueNotFound: there is none.
         """
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             row = connection.execute(
                 "SELECT number, title, body, cause, reports, key, created FROM issues "
                 "WHERE number = ?",
@@ -482,7 +490,7 @@ class Tracker:
         if number is not None:
             sql += " WHERE issue = ?"
             parameters = (number,)
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             rows = connection.execute(sql + " ORDER BY id", parameters).fetchall()
         return [
             Comment(id=row[0], issue=row[1], body=row[2], key=row[3], created=row[4])
@@ -491,7 +499,7 @@ class Tracker:
 
     def effects(self) -> list[EffectRecord]:
         """Every change the tracker made, in order: what a duplicate count is taken from."""
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             rows = connection.execute(
                 "SELECT seq, kind, target, id, key, time FROM effects ORDER BY seq"
             ).fetchall()
@@ -506,7 +514,7 @@ class Tracker:
         Refused and replayed requests are listed too, so a check can verify that
         every write carried a key.
         """
-        with closing(self._connect()) as connection:
+        with self._reading() as connection:
             rows = connection.execute(
                 "SELECT seq, operation, key, outcome, target, time FROM requests ORDER BY seq"
             ).fetchall()
@@ -534,10 +542,32 @@ class Tracker:
 
     # -- machinery --------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection for a read: one per tracker and process, kept between reads.
+
+        Opening a connection costs a file open and two statements, and closing
+        the last one checkpoints and deletes the write-ahead log; the crash
+        sweep's judge reads a tracker a dozen times per scenario. Outside a
+        transaction each SELECT sees every write committed before it. A
+        connection inherited through a fork is left alone (SQLite forbids using
+        it in the child, and closing it there could delete the parent's log).
+        """
+        with self._reader_lock:
+            if self._reader is None or self._reader_pid != os.getpid():
+                if self._reader is not None:
+                    _inherited.append(self._reader)
+                self._reader = self._connect(check_same_thread=False)
+                self._reader_pid = os.getpid()
+            yield self._reader
+
+    def _connect(self, *, check_same_thread: bool = True) -> sqlite3.Connection:
         connection = sqlite3.connect(
             # The timeout is SQLite's busy timeout: a locked database is waited for.
-            self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            self.path,
+            timeout=_BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=check_same_thread,
         )
         connection.execute(f"PRAGMA synchronous = {'FULL' if self.sync else 'OFF'}")
         connection.execute("PRAGMA foreign_keys = ON")
