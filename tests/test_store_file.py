@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -828,3 +829,32 @@ def test_a_failed_directory_fsync_breaks_the_handle(
     assert fs.dir_opens == opens_before + 1, "the store opened a new directory descriptor"
     assert without_saved_at(loaded) in (state_a("r1"), state_b("r1"))
     assert temp_files(state_dir) == []
+
+
+class _ThreadNoting(FileSystem):
+    """The real file system, noting which thread renames (each save renames once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def rename(self, src: str, dst: str, *, dir_fd: int) -> None:
+        self.threads.append(threading.get_ident())
+        super().rename(src, dst, dir_fd=dir_fd)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_only_a_synced_save_leaves_the_event_loop(tmp_path: Path, sync: bool) -> None:
+    """A save that waits for the disk runs in a worker thread; an unsynced one runs at once."""
+    fs = _ThreadNoting()
+    store = FileStore(tmp_path, sync=sync, fs=fs)
+
+    async def save_twice() -> None:
+        handle = await store.create(state_a("r-1"))
+        await handle.save(state_b("r-1"))
+        await handle.close()
+
+    asyncio.run(save_twice())
+    loop_thread = threading.get_ident()
+    assert len(fs.threads) == 2
+    assert all((thread == loop_thread) is not sync for thread in fs.threads)
