@@ -1,21 +1,52 @@
-"""How fast the default crash sweep runs: scenarios per second and total wall time.
+"""How fast the default crash sweep runs: wall time, scenarios per second, cost per scenario.
 
-    .venv/bin/python benchmarks/sweep.py [--depth 1|2] [--jobs N]
+    .venv/bin/python benchmarks/sweep.py [--depth 1|2] [--jobs N] [--repeat N]
 
 Runs the reference triage job's default sweep (every configuration; depth 2 for
-the protected ones) and prints the scenario counts per row, the wall time, and
-scenarios per second. Absolute times depend on the machine and its load; run it
-on a quiet machine and compare runs made on the same one.
+the protected ones) ``--repeat`` times and prints the table once, the scenario
+counts, and the median wall time and rate. The target (issue 5) is the whole
+default sweep in under 60 seconds on the 2-core development machine.
+
+The baseline, measured in the same run on the same machine: one uncrashed run
+of the job in a freshly forked process, from a fresh world to its judged end
+(median of ``--baseline-runs``). The sweep's cost per scenario is reported as a
+multiple of it (wall time x workers / scenarios / baseline): how many plain
+runs one crash scenario costs, whatever the machine's speed. Absolute times
+depend on the machine and its load; compare runs made on the same one.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import statistics
+import tempfile
 import time
+from pathlib import Path
 
-from durably.sweep import CONFIGS, run_sweep
+from durably.sweep import CONFIGS, World, run_sweep
+from durably.sweep.core import RUN_ID, _fork, _SweepApprover
 from durably.triage.job import TriageJob
+
+
+def plain_run(job: TriageJob) -> float:
+    """Seconds for one uncrashed run in a forked process, from a fresh world to its checks."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="durably-bench-") as scratch:
+        world = World(root=Path(scratch), config=CONFIGS[0])
+        job.prepare(world)
+
+        def body() -> None:
+            agent = job.agent(world, _SweepApprover(job, world))
+            asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+
+        if _fork(body) != 0:
+            raise RuntimeError("the plain run failed")
+        failed = job.checks(world, world.store().read_sync(RUN_ID))
+        if failed:
+            raise RuntimeError(f"the plain run failed its checks: {failed}")
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -23,17 +54,34 @@ def main() -> None:
     parser.add_argument("--depth", type=int, choices=(1, 2), default=2)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--task", default="m1-done-after-delete")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline-runs", type=int, default=30)
     args = parser.parse_args()
-    started = time.perf_counter()
-    report = run_sweep(TriageJob(args.task), configs=CONFIGS, depth=args.depth, jobs=args.jobs)
-    elapsed = time.perf_counter() - started
+    job = TriageJob(args.task)
+    for _ in range(3):  # warm: imports, compiled sample code, the recording
+        plain_run(job)
+    baseline = statistics.median(plain_run(job) for _ in range(args.baseline_runs))
+    walls = []
+    report = None
+    for attempt in range(1, args.repeat + 1):
+        started = time.perf_counter()
+        report = run_sweep(job, configs=CONFIGS, depth=args.depth, jobs=args.jobs)
+        walls.append(time.perf_counter() - started)
+        print(f"run {attempt}: {walls[-1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    assert report is not None
     print(report.text())
     scenarios = len(report.results)
     points = sum(r.covers for r in report.results)
+    wall = statistics.median(walls)
+    per_scenario = wall * args.jobs / scenarios
     print(f"{scenarios} scenarios covering {points} crash points, {args.jobs} worker(s)")
-    print(f"wall time {elapsed:.1f} s, {scenarios / elapsed:.1f} scenarios/s")
-    load = os.getloadavg()
-    print(f"load average during the run: {load[0]:.1f} (1 min)")
+    print(f"median wall time {wall:.1f} s over {len(walls)} run(s)", end=", ")
+    print(f"{scenarios / wall:.1f} scenarios/s")
+    print(f"baseline: one plain run in a forked process, median {baseline * 1000:.1f} ms")
+    print(
+        f"cost per scenario {per_scenario * 1000:.1f} ms of a worker = "
+        f"{per_scenario / baseline:.2f}x a plain run"
+    )
 
 
 if __name__ == "__main__":
