@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 
 import durably
 from durably import Effect, ToolContext, tool
-from durably.sweep import CONFIGS, World, assert_clean, digest_files, run_sweep
+from durably.sweep import CONFIGS, SweepReport, World, assert_clean, digest_files, run_sweep
+from durably.sweep import core as sweep_core
+from durably.sweep._tree import Tree, Uncopyable
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
 
@@ -149,6 +152,25 @@ def test_a_job_built_from_the_public_api_sweeps_clean_at_depth_two() -> None:
     assert [r.depth for r in rows] == [1, 2] * 3
     assert all(r.scenarios > 0 and r.duplicates == 0 and r.lost == 0 for r in rows)
     assert rows[0].questions == 0  # keys honoured: nothing gets past the ladder's first step
+
+
+def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Laying the first kill's disk down again is the same as killing a fresh world again."""
+
+    def verdicts(report: SweepReport) -> list[dict[str, object]]:
+        return [{k: v for k, v in asdict(r).items() if k != "error"} for r in report.results]
+
+    kept = run_sweep(RefundJob(), configs=CONFIGS[1:2], depth=2, jobs=2)
+
+    def uncopyable(root: Path) -> Tree:
+        raise Uncopyable(f"{root} (as if it held a socket)")
+
+    monkeypatch.setattr(sweep_core.Tree, "read", uncopyable)  # workers fork after this
+    fresh = run_sweep(RefundJob(), configs=CONFIGS[1:2], depth=2, jobs=2)
+    assert len([r for r in kept.results if r.depth == 2]) > 10
+    assert verdicts(kept) == verdicts(fresh)
 
 
 def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:
