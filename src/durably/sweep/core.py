@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from .. import faults
 from ..approval import ApprovalRequest, Approver, Done, Rerun, ResolveRequest, Yes
@@ -64,6 +64,9 @@ __all__ = [
     "assert_clean",
     "run_sweep",
 ]
+
+_Item = TypeVar("_Item")
+_Outcome = TypeVar("_Outcome")
 
 RUN_ID = "sweep-run"
 MAX_RESTARTS = 6
@@ -404,9 +407,19 @@ def _first_process(job: SweepJob, world: World, point: int) -> str | None:
 
 
 def _restart_and_judge(
-    job: SweepJob, world: World, spec: _Spec, reference: Counter[str], error: str | None
+    job: SweepJob,
+    world: World,
+    spec: _Spec,
+    reference: Counter[str],
+    error: str | None,
+    *,
+    record: bool = True,
 ) -> ScenarioResult:
-    """Restart (dying at ``spec.second`` the first time, if set) until the run ends; judge it."""
+    """Restart (dying at ``spec.second`` the first time, if set) until the run ends; judge it.
+
+    With ``record``, an uncrashed first restart records its points (the
+    second crashes to come).
+    """
     log = job.call_log(world)
     paid_twice = 0
     restart_record: dict[str, Any] | None = None
@@ -415,11 +428,12 @@ def _restart_and_judge(
         saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
         plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
-        record = world.root / "restart.json" if restart == 1 and second is None else None
-        status = _process(job, world, first=False, plan=plan, record=record, window_only=True)
+        points = world.root / "restart.json"
+        keep = points if record and restart == 1 and second is None else None
+        status = _process(job, world, first=False, plan=plan, record=keep, window_only=True)
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
-        if record is not None and record.exists():
-            restart_record = json.loads(record.read_text())
+        if keep is not None and keep.exists():
+            restart_record = json.loads(keep.read_text())
         if _killed(status) and second is not None:
             continue
         if status != 0:
@@ -602,17 +616,17 @@ class SweepReport:
 # -- driving -----------------------------------------------------------------------
 
 
-_pool_job: SweepJob | None = None
-_pool_references: dict[str, Counter[str]] = {}
+_pool_task: Callable[[Any], Any] | None = None
+"""What a worker does with each item; set before the workers fork, so never pickled."""
 
 
-def _pool_run(group: _Group) -> list[ScenarioResult]:
-    if _pool_job is None:  # pragma: no cover - set before the pool forks
+def _call_pool_task(item: Any) -> Any:
+    if _pool_task is None:  # pragma: no cover - set before the pool forks
         raise RuntimeError("sweep pool used before it was set up")
-    return _run_group(_pool_job, group, _pool_references[group.config.name])
+    return _pool_task(item)
 
 
-def _pool_warm_up(config: Config) -> None:
+def _warm_up(job: SweepJob, config: Config) -> None:
     """Run the job once, without crashing, in this worker: the processes it forks start warm.
 
     Whatever the job builds lazily (imports, compiled code, schemas, decoded
@@ -620,27 +634,30 @@ def _pool_warm_up(config: Config) -> None:
     ``gc.freeze`` keeps the collector from touching, and so copying, every
     inherited page in each child.
     """
-    if _pool_job is None:  # pragma: no cover - set before the pool forks
-        raise RuntimeError("sweep pool used before it was set up")
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
         world = World(root=Path(scratch), config=config)
-        _pool_job.prepare(world)
-        agent = _pool_job.agent(world, _SweepApprover(_pool_job, world))
-        asyncio.run(agent.run(_pool_job.task(), run_id=RUN_ID))
+        job.prepare(world)
+        agent = job.agent(world, _SweepApprover(job, world))
+        asyncio.run(agent.run(job.task(), run_id=RUN_ID))
     gc.collect()
     gc.freeze()
 
 
 @contextmanager
-def _pool(
-    jobs: int, config: Config
-) -> Iterator[Callable[[Sequence[_Group]], Iterator[list[ScenarioResult]]]]:
-    # Workers are forked from the parent and warmed up once; each forks one child
-    # per process of a scenario. The warm-up runs in a worker, never in the caller
-    # (a user's test process), even for a single job.
+def _workers(
+    jobs: int, job: SweepJob, config: Config, task: Callable[[_Item], _Outcome]
+) -> Iterator[Callable[[Sequence[_Item]], Iterator[_Outcome]]]:
+    """``jobs`` warmed-up worker processes doing ``task`` to items, results as they come.
+
+    Workers are forked from this process and warmed up once; each forks one
+    child per process of a scenario. The warm-up runs in a worker, never in
+    the caller (a user's test process), even for a single job.
+    """
+    global _pool_task
+    _pool_task = task
     context = multiprocessing.get_context("fork")
-    with context.Pool(max(1, jobs), initializer=_pool_warm_up, initargs=(config,)) as pool:
-        yield lambda groups: pool.imap_unordered(_pool_run, groups)
+    with context.Pool(max(1, jobs), initializer=_warm_up, initargs=(job, config)) as pool:
+        yield lambda items: pool.imap_unordered(_call_pool_task, items)
 
 
 def run_sweep(
@@ -660,17 +677,15 @@ def run_sweep(
         jobs: worker processes running scenarios in parallel.
         progress: called with (scenarios done, scenarios known so far).
     """
-    global _pool_job
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
     if not configs:
         raise ValueError("give at least one configuration to sweep")
-    _pool_job = job
-    _pool_references.clear()  # references of an earlier sweep in this process
+    references: dict[str, Counter[str]] = {}
     groups: list[_Group] = []
     for config in configs:
         labels, prints, effects = _record_points(job, config)
-        _pool_references[config.name] = effects
+        references[config.name] = effects
         # Baselines already fail at depth 1; a second crash adds nothing to that proof.
         group_depth = depth if config.protected else 1
         for index, covers in _distinct(prints):
@@ -678,7 +693,11 @@ def run_sweep(
     results: list[ScenarioResult] = []
     # Second crashes become known as each first crash's restart is recorded.
     total = len(groups)
-    with _pool(jobs, configs[0]) as run_all:
+
+    def run(group: _Group) -> list[ScenarioResult]:
+        return _run_group(job, group, references[group.config.name])
+
+    with _workers(jobs, job, configs[0], run) as run_all:
         for found in run_all(groups):
             results.extend(found)
             total += len(found) - 1

@@ -44,12 +44,10 @@ import asyncio
 import functools
 import hashlib
 import json
-import multiprocessing
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,22 +56,20 @@ import msgspec
 
 from .. import faults
 from ..errors import RunNotFound
-from ..state import Phase, RunState
+from ..state import RunState
 from ..stores.file import FileRun, FileStore
 from ..stores.journal import JournalStore
 from .core import (
-    MAX_RESTARTS,
     RUN_ID,
     Config,
     ScenarioResult,
     SweepJob,
     World,
     _fork,
-    _judge,
-    _process,
-    _saved_turns,
+    _restart_and_judge,
     _Spec,
     _SweepApprover,
+    _workers,
 )
 from .powerloss import Kind, PowerLossFS, Violation
 
@@ -379,19 +375,8 @@ def _resume(
                 found=loaded,
                 expected=expected,
             )
-        log = job.call_log(world)
-        paid_twice, finished, error = 0, False, None
-        for restart in range(1, MAX_RESTARTS + 1):
-            saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
-            status = _process(job, world, first=False, plan=faults.CrashPlan(), record=None)
-            paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
-            if status != 0:
-                error = f"restart {restart} failed (status {status})"
-                break
-            finished = world.store().read_sync(RUN_ID).phase is Phase.DONE
-            break
         spec = _Spec(config, 1, entry["point"], None, (entry["label"],), entry["covers"])
-        result = _judge(job, world, spec, reference, finished, paid_twice, None, error)
+        result = _restart_and_judge(job, world, spec, reference, None, record=False)
         return PowerLossScenario(
             point=entry["point"],
             label=entry["label"],
@@ -402,26 +387,6 @@ def _resume(
             violation=violation,
             result=result,
         )
-
-
-_pool_resume: Callable[[dict[str, Any]], PowerLossScenario] | None = None
-
-
-def _pool_run(entry: dict[str, Any]) -> PowerLossScenario:
-    if _pool_resume is None:  # pragma: no cover - set before the pool forks
-        raise RuntimeError("power-loss pool used before it was set up")
-    return _pool_resume(entry)
-
-
-@contextmanager
-def _pool(
-    jobs: int,
-) -> Iterator[Callable[[Sequence[dict[str, Any]]], Iterator[PowerLossScenario]]]:
-    if jobs <= 1:
-        yield lambda entries: (_pool_run(e) for e in entries)
-        return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield lambda entries: pool.imap_unordered(_pool_run, entries)
 
 
 def run_power_loss_sweep(
@@ -451,7 +416,6 @@ def run_power_loss_sweep(
         jobs: worker processes resuming scenarios in parallel.
         progress: called with (scenarios done, scenarios in all).
     """
-    global _pool_resume
     if every < 1:
         raise ValueError("every is at least 1")
     make_store = STORES[store] if isinstance(store, str) else store
@@ -470,11 +434,11 @@ def run_power_loss_sweep(
         manifest = json.loads(manifest_path.read_text())
         reference = job.effects(world)
         entries: list[dict[str, Any]] = manifest["entries"]
-        _pool_resume = functools.partial(
+        resume = functools.partial(
             _resume, job, config, make_store, capture, manifest["saves"], reference
         )
         scenarios: list[PowerLossScenario] = []
-        with _pool(jobs) as run_all:
+        with _workers(jobs, job, config, resume) as run_all:
             for scenario in run_all(entries):
                 scenarios.append(scenario)
                 if progress is not None:
