@@ -1,0 +1,146 @@
+"""The catalog can fail: each check, on a finished world spoiled the way it guards against.
+
+A check that passes on every world proves nothing. One recorded run of m1 is
+finished once (it passes all sixteen); each case copies it, spoils one thing,
+and requires the check named for that thing to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from durably import FileStore, PolicyApprover
+from durably.state import Phase, RunState
+from durably.triage.agent import build_agent
+from durably.triage.checks import CHECKS, run_checks
+from durably.triage.tools import patches_log
+from durably.triage.world import World, load_task, original_sample_dir
+
+TASK = "m1-done-after-delete"
+RUN_ID = "checked-run"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished world, its store directory and final state."""
+
+    world: World
+    store_dir: Path
+    state: RunState
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    root = tmp_path_factory.mktemp("finished")
+    world = World.create(root / "world", TASK)
+    store = FileStore(root / "runs")
+    try:
+        agent = build_agent(world=world, store=store, approver=PolicyApprover())
+        outcome = asyncio.run(agent.run(load_task(TASK).description, run_id=RUN_ID))
+    finally:
+        store.close()
+    assert outcome.status == "done"
+    return Finished(world=world, store_dir=root / "runs", state=outcome.state)
+
+
+def _sql(world: World, statement: str) -> None:
+    with sqlite3.connect(world.tracker_path, isolation_level=None) as connection:
+        connection.execute(statement)
+    connection.close()
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _regression_test(world: World) -> Path:
+    return world.workspace / load_task(TASK).groups[0].regression_test.path
+
+
+def _patched_file(world: World) -> Path:
+    return world.workspace / load_task(TASK).groups[0].patch.path
+
+
+def _unpatch(world: World) -> None:
+    path = load_task(TASK).groups[0].patch.path
+    shutil.copyfile(original_sample_dir() / path, world.workspace / path)
+
+
+Spoiler = Callable[[World, Path, RunState], RunState | None]
+"""Spoils a copy of the finished world; returns a spoiled state, or None to keep it."""
+
+SPOILERS: dict[str, Spoiler] = {
+    "run finished with an answer": lambda w, d, s: msgspec.structs.replace(
+        s, phase=Phase.MODEL, answer=None
+    ),
+    "one issue per crash group": lambda w, d, s: _sql(w, "DELETE FROM issues"),
+    "no issue filed twice": lambda w, d, s: _sql(
+        w,
+        "INSERT INTO effects (kind, target, id, key, time) "
+        "SELECT kind, target, id, key, time FROM effects WHERE kind = 'issue' LIMIT 1",
+    ),
+    "issue bodies name their reports": lambda w, d, s: _sql(w, "UPDATE issues SET body = 'x'"),
+    "regression tests exist": lambda w, d, s: _regression_test(w).unlink(),
+    "regression tests fail on the original code": lambda w, d, s: _regression_test(w).write_text(
+        "def test_nothing() -> None:\n    pass\n"
+    ),
+    "all tests pass on the patched code": lambda w, d, s: _unpatch(w),
+    "each patch applied exactly once": lambda w, d, s: _edit(
+        patches_log(w), "\n", "\n" + patches_log(w).read_text().splitlines()[0] + "\n"
+    ),
+    "only expected files changed": lambda w, d, s: (w.workspace / "todo" / "extra.py").write_text(
+        "x = 1\n"
+    ),
+    "comments posted once each": lambda w, d, s: _sql(
+        w,
+        "INSERT INTO comments (issue, body, key, created) "
+        "SELECT issue, body, NULL, created FROM comments LIMIT 1",
+    ),
+    "workspace matches the recorded hashes": lambda w, d, s: _edit(
+        _patched_file(w), "\n", "\n# edited behind the run's back\n"
+    ),
+    "checkpoint modes 0700/0600": lambda w, d, s: d.chmod(0o755),
+    "no leftover temp files": lambda w, d, s: (d / f".{RUN_ID}.json.1a2b.tmp").write_bytes(b""),
+    "spending equals the saved replies' usage": lambda w, d, s: msgspec.structs.replace(
+        s, dollars=s.dollars + 1
+    ),
+    "no reply paid twice": lambda w, d, s: w.model_log.write_text(
+        w.model_log.read_text() + json.dumps({"run_id": RUN_ID, "turn": 1}) + "\n"
+    ),
+    "keys carried on every tracker write": lambda w, d, s: _sql(
+        w, "UPDATE requests SET key = NULL WHERE seq = (SELECT min(seq) FROM requests)"
+    ),
+}
+
+
+def test_every_check_has_a_spoiler() -> None:
+    assert sorted(SPOILERS) == sorted(name for name, _ in CHECKS)
+
+
+def test_the_unspoiled_world_passes_every_check(finished: Finished) -> None:
+    verdicts = run_checks(world=finished.world, state=finished.state, store_dir=finished.store_dir)
+    assert [v.name for v in verdicts if not v.ok] == []
+
+
+@pytest.mark.parametrize("name", list(SPOILERS))
+def test_each_check_fails_on_the_world_it_guards_against(
+    finished: Finished, tmp_path: Path, name: str
+) -> None:
+    world_root = Path(shutil.copytree(finished.world.root, tmp_path / "world"))
+    store_dir = Path(shutil.copytree(finished.store_dir, tmp_path / "runs"))
+    world = World.open(world_root)
+    spoiled = SPOILERS[name](world, store_dir, finished.state) or finished.state
+    verdict = {v.name: v for v in run_checks(world=world, state=spoiled, store_dir=store_dir)}
+    assert not verdict[name].ok, f"{name} passed a world spoiled for it"
+    assert verdict[name].reason
