@@ -173,6 +173,19 @@ def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
     assert verdicts(kept) == verdicts(fresh)
 
 
+def test_progress_counts_every_scenario_and_ends_at_the_true_total() -> None:
+    """Progress rises one group at a time, never past its total, and ends with both exact."""
+    calls: list[tuple[int, int]] = []
+    report = run_sweep(
+        RefundJob(), configs=CONFIGS[:1], depth=2, jobs=2, progress=lambda *c: calls.append(c)
+    )
+    done = [d for d, _ in calls]
+    assert done == sorted(set(done))  # rising, one group at a time
+    assert all(d <= total for d, total in calls)
+    assert calls[-1] == (len(report.results), len(report.results))
+    assert any(total > done for done, total in calls[:-1])  # second crashes were expected early
+
+
 def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:
     """Naive retry duplicates refunds and at-most-once loses them, for the refund job too."""
     report = run_sweep(RefundJob(), configs=CONFIGS[3:], depth=1, jobs=2)

@@ -35,6 +35,7 @@ import json
 import multiprocessing
 import os
 import signal
+import statistics
 import tempfile
 import traceback
 from collections import Counter
@@ -675,7 +676,8 @@ def run_sweep(
         configs: the configurations, each swept separately.
         depth: 1, or 2 for a second crash during the first restart's recovery.
         jobs: worker processes running scenarios in parallel.
-        progress: called with (scenarios done, scenarios known so far).
+        progress: called with (scenarios done, scenarios expected in all); second
+            crashes are counted as they are found, and estimated until then.
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -691,18 +693,26 @@ def run_sweep(
         for index, covers in _distinct(prints):
             groups.append(_Group(config, index, labels[index - 1], covers, group_depth))
     results: list[ScenarioResult] = []
-    # Second crashes become known as each first crash's restart is recorded.
-    total = len(groups)
+    # A group's second crashes become known only when its first restart is
+    # recorded: the total counts each group still to run at the mean size of
+    # the groups of its depth run so far.
+    pending = Counter(group.depth for group in groups)
+    sizes: dict[int, list[int]] = {1: [], 2: []}
 
-    def run(group: _Group) -> list[ScenarioResult]:
-        return _run_group(job, group, references[group.config.name])
+    def run(group: _Group) -> tuple[int, list[ScenarioResult]]:
+        return group.depth, _run_group(job, group, references[group.config.name])
 
     with _workers(jobs, job, configs[0], run) as run_all:
-        for found in run_all(groups):
+        for group_depth, found in run_all(groups):
             results.extend(found)
-            total += len(found) - 1
+            pending[group_depth] -= 1
+            sizes[group_depth].append(len(found))
             if progress is not None:
-                progress(len(results), total)
+                left = sum(
+                    count * (statistics.mean(sizes[d]) if sizes[d] else 1)
+                    for d, count in pending.items()
+                )
+                progress(len(results), len(results) + round(left))
     order = {c.name: i for i, c in enumerate(configs)}
     results.sort(key=lambda r: (order[r.config], r.depth, r.at))
     return SweepReport(job=job.name, results=tuple(results), configs=tuple(configs), depth=depth)
