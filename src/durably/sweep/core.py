@@ -370,13 +370,13 @@ def _run_group(job: SweepJob, group: _Group, reference: Counter[str]) -> list[Sc
         world.root.mkdir()
         job.prepare(world)
         error = _first_process(job, world, group.first)
+        if group.depth < 2:
+            return [_restart_and_judge(job, world, first, reference, error)]
         try:
-            left = Tree.read(world.root)
+            left: Tree | None = Tree.read(world.root)
         except Uncopyable:
             left = None  # each second crash then starts from a fresh world
         results = [_restart_and_judge(job, world, first, reference, error)]
-        if group.depth < 2:
-            return results
         done = results[0]
         for point, label, covers in zip(
             done.restart_points, done.restart_labels, done.restart_covers, strict=True
@@ -429,12 +429,12 @@ def _restart_and_judge(
         saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
         plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
-        points = world.root / "restart.json"
-        keep = points if record and restart == 1 and second is None else None
-        status = _process(job, world, first=False, plan=plan, record=keep, window_only=True)
+        recording = record and restart == 1 and second is None
+        points = world.root / "restart.json" if recording else None
+        status = _process(job, world, first=False, plan=plan, record=points, window_only=True)
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
-        if keep is not None and keep.exists():
-            restart_record = json.loads(keep.read_text())
+        if points is not None and points.exists():
+            restart_record = json.loads(points.read_text())
         if _killed(status) and second is not None:
             continue
         if status != 0:
