@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections import Counter
@@ -184,6 +185,20 @@ def test_progress_counts_every_scenario_and_ends_at_the_true_total() -> None:
     assert all(d <= total for d, total in calls)
     assert calls[-1] == (len(report.results), len(report.results))
     assert any(total > done for done, total in calls[:-1])  # second crashes were expected early
+
+
+def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """A warm-up that raises is reported and passed over (a raising pool initializer loops)."""
+
+    class Unbuildable(RefundJob):
+        def agent(self, world: World, approver: durably.Approver) -> durably.Agent:
+            raise RuntimeError("no agent today")
+
+    try:
+        sweep_core._warm_up(Unbuildable(), CONFIGS[0])
+    finally:
+        gc.unfreeze()
+    assert "no agent today" in capsys.readouterr().err
 
 
 def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:

@@ -633,13 +633,17 @@ def _warm_up(job: SweepJob, config: Config) -> None:
     Whatever the job builds lazily (imports, compiled code, schemas, decoded
     recordings) is then in memory before the fork, so no scenario pays for it.
     ``gc.freeze`` keeps the collector from touching, and so copying, every
-    inherited page in each child.
+    inherited page in each child. A failed warm-up only leaves the worker cold:
+    a pool initializer that raises makes the pool start workers forever.
     """
-    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
-        world = World(root=Path(scratch), config=config)
-        job.prepare(world)
-        agent = job.agent(world, _SweepApprover(job, world))
-        asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+    try:
+        with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+            world = World(root=Path(scratch), config=config)
+            job.prepare(world)
+            agent = job.agent(world, _SweepApprover(job, world))
+            asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+    except Exception:
+        traceback.print_exc()
     gc.collect()
     gc.freeze()
 
