@@ -77,3 +77,11 @@ def test_a_fifo_cannot_be_copied_and_says_where_it_is(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(Uncopyable, match="pipe"):
         Tree.read(tmp_path)
+
+
+def test_a_tree_too_large_to_keep_in_memory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 600)
+    (tmp_path / "b").write_bytes(b"y" * 600)
+    assert len(Tree.read(tmp_path, max_bytes=1200).entries) == 2
+    with pytest.raises(Uncopyable, match="more than 1000 bytes"):
+        Tree.read(tmp_path, max_bytes=1000)

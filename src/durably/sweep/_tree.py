@@ -3,8 +3,8 @@
 The sweep keeps the disk a killed process left behind and lays it down again
 for each second crash that follows it; the triage job keeps its fresh world
 the same way. Regular files, directories and symbolic links are kept, with
-their modes and modification times; anything else (a socket, a FIFO) cannot
-be copied and raises :class:`Uncopyable`.
+their modes and modification times; anything else (a socket, a FIFO), or more
+than :data:`MAX_BYTES` of files, cannot be copied and raises :class:`Uncopyable`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Tree", "Uncopyable"]
+
+
+MAX_BYTES = 256 * 1024 * 1024
+"""The most a tree may hold: it is kept in memory, once per worker."""
 
 
 class Uncopyable(Exception):
@@ -42,9 +46,15 @@ class Tree:
     entries: tuple[_Entry, ...]
 
     @classmethod
-    def read(cls, root: Path) -> Tree:
-        """Read everything under ``root`` (which itself is not part of the tree)."""
+    def read(cls, root: Path, *, max_bytes: int = MAX_BYTES) -> Tree:
+        """Read everything under ``root`` (which itself is not part of the tree).
+
+        Raises:
+            Uncopyable: something under it is not a file, directory or link, or
+                its files hold more than ``max_bytes`` in all.
+        """
         entries: list[_Entry] = []
+        size = 0
         pending = [""]
         while pending:
             relative = pending.pop()
@@ -60,6 +70,9 @@ class Tree:
                     entries.append(_Entry(path, stat.S_IMODE(info.st_mode), info.st_mtime_ns))
                     pending.append(path)
                 elif stat.S_ISREG(info.st_mode):
+                    size += info.st_size
+                    if size > max_bytes:
+                        raise Uncopyable(f"{root} holds more than {max_bytes} bytes")
                     with open(child.path, "rb") as file:
                         contents = file.read()
                     mode = stat.S_IMODE(info.st_mode)
