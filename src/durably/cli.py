@@ -134,7 +134,11 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
     """Print a table of every run in a store; return how many could not be read."""
     table = Table(title=f"runs in {store.directory}", title_justify="left")
     for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
-        table.add_column(column, justify="right" if column in ("turns", "dollars") else "left")
+        table.add_column(
+            column,
+            justify="right" if column in ("turns", "dollars") else "left",
+            overflow="fold" if column == "run" else "ellipsis",  # a run ID is never cut short
+        )
     unreadable = 0
     for run_id in store.list_runs_sync():
         try:
@@ -152,7 +156,7 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
             str(state.resumes),
             _age(state.saved_at),
         )
-    console.print(table, width=max(console.width, 130))  # run IDs are long; never cut them
+    console.print(table)
     return unreadable
 
 
@@ -212,7 +216,7 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
                 errors.print(f"[red]violation:[/red] {name}: {violation}")
     lock = check_lock_exclusion()
     violations += len(lock)
-    console.print(table, width=max(console.width, 110))
+    console.print(table)
     caught = sum(1 for mutant in MUTANTS if _mutant_caught(mutant))
     console.print(
         f"lock exclusion: {len(lock)} violations; seeded mutants caught: {caught}/{len(MUTANTS)}"
@@ -242,6 +246,19 @@ def _mutant_caught(mutant: str) -> bool:
     from .sweep.powerloss import check_lock_exclusion, check_protocol
 
     return bool(check_protocol(saves=3, mutant=mutant) or check_lock_exclusion(mutant=mutant))
+
+
+def _unsynced_journal(directory: Path) -> FileStore:
+    from .stores.journal import JournalStore
+
+    return JournalStore(directory, sync=False)
+
+
+_SWEEP_STORES: dict[str, Callable[[Path], FileStore] | None] = {
+    "snapshot": None,  # the job's own: an unsynced FileStore
+    "journal": _unsynced_journal,
+}
+"""What ``durably sweep --store`` runs each scenario on (without syncs: it kills processes)."""
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -289,6 +306,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             depth=args.depth,
             jobs=args.jobs,
             progress=progress,
+            store=_SWEEP_STORES[args.store],
         )
     table = Table(title=f"sweep of {report.job}", title_justify="left")
     headers = ("configuration", "depth", "scenarios", "points", "finished", "duplicates")
@@ -309,7 +327,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             str(row.failed_checks),
             style=bad,
         )
-    console.print(table, width=max(console.width, 120))
+    console.print(table)
     if args.text:
         args.text.write_text(report.text())
     if args.json:
@@ -392,6 +410,13 @@ def _parser() -> argparse.ArgumentParser:
         "ignored, fickle model, naive retry, at-most-once",
     )
     sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    sweep.add_argument(
+        "--store",
+        choices=("snapshot", "journal"),
+        default="snapshot",
+        help="the store every scenario runs on: snapshot (default; the reference table's) "
+        "or journal (the triage command's default)",
+    )
     sweep.add_argument(
         "--power-loss",
         action="store_true",
@@ -504,11 +529,25 @@ def _exit_code(exc: DurablyError) -> int:
     return EXIT["failed"]
 
 
+_PIPE_WIDTH = 160
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console for output; to a pipe or a file it is 160 columns wide unless COLUMNS says.
+
+    Rich gives a console that is not a terminal 80 columns, which cuts the
+    sweep's table and run IDs short in a log or a CI transcript.
+    """
+    console = Console(stderr=stderr, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, soft_wrap=True, width=_PIPE_WIDTH)
+    return console
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``durably`` command."""
     args = _parser().parse_args(argv)
-    console = Console(soft_wrap=True)
-    errors = Console(stderr=True, soft_wrap=True)
+    console, errors = _console(), _console(stderr=True)
     try:
         code = args.handler(args, console, errors)
     except DurablyError as exc:

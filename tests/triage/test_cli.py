@@ -304,3 +304,32 @@ def test_a_resumed_run_keeps_the_model_it_started_with(
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
     assert _model_spec(None, world, resuming=True) == "replay"
     assert _model_spec("openai:gpt-4.1", world, resuming=True) == "openai:gpt-4.1"
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_whole(
+    tmp_path: Path,
+) -> None:
+    """`durably sweep --store journal` kills the run on the triage command's default store at
+    every point and second point: nothing duplicated, lost or paid twice; and the table,
+    piped, is printed whole rather than cut to rich's 80 columns."""
+    piped = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    report = tmp_path / "sweep.json"
+    result = durably(
+        "sweep", "--store", "journal", "--depth", "2", "--jobs", "2",
+        "--config", "keys honoured", "--json", report,
+        env=piped, timeout=280,
+    )  # fmt: skip
+    assert result.returncode == EXIT["done"], result.stdout + result.stderr
+    assert "paid twice" in result.stdout
+    assert "failed checks" in result.stdout
+    assert "…" not in result.stdout
+    rows = json.loads(report.read_text())["rows"]
+    assert [(r["config"], r["depth"]) for r in rows] == [("keys honoured", 1), ("keys honoured", 2)]
+    for row in rows:
+        assert row["scenarios"] > 0
+        assert row["finished"] == row["scenarios"]
+        assert (row["duplicates"], row["lost"], row["paid_twice"], row["failed_checks"]) == (
+            (0, 0, 0, 0)
+        )
+        assert row["questions"] == 0

@@ -69,6 +69,9 @@ __all__ = [
 _Item = TypeVar("_Item")
 _Outcome = TypeVar("_Outcome")
 
+StoreFactory = Callable[[Path], FileStore]
+"""Builds a scenario's store over its directory."""
+
 RUN_ID = "sweep-run"
 MAX_RESTARTS = 6
 
@@ -133,7 +136,7 @@ class World:
 
     root: Path
     config: Config
-    store_factory: Callable[[Path], FileStore] | None = None
+    store_factory: StoreFactory | None = None
     """Builds the scenario's store over :attr:`store_dir` (default: an unsynced FileStore).
     The power-loss sweep supplies a synced store over a modelled file system here."""
 
@@ -355,7 +358,9 @@ class _Group:
     depth: int
 
 
-def _run_group(job: SweepJob, group: _Group, reference: Counter[str]) -> list[ScenarioResult]:
+def _run_group(
+    job: SweepJob, group: _Group, reference: Counter[str], store: StoreFactory | None
+) -> list[ScenarioResult]:
     """The first crash's scenario, then each second crash's, all from one real first kill.
 
     The first process is killed once; the disk it left is kept in memory and
@@ -366,7 +371,7 @@ def _run_group(job: SweepJob, group: _Group, reference: Counter[str]) -> list[Sc
     """
     first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers)
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
-        world = World(root=Path(scratch) / "world", config=group.config)
+        world = World(root=Path(scratch) / "world", config=group.config, store_factory=store)
         world.root.mkdir()
         job.prepare(world)
         error = _first_process(job, world, group.first)
@@ -383,17 +388,19 @@ def _run_group(job: SweepJob, group: _Group, reference: Counter[str]) -> list[Sc
         ):
             spec = _Spec(group.config, 2, group.first, point, (group.label, label), covers)
             if left is None:
-                results.append(_run_scenario(job, spec, reference))
+                results.append(_run_scenario(job, spec, reference, store))
             else:
                 left.write(world.root)
                 results.append(_restart_and_judge(job, world, spec, reference, error))
         return results
 
 
-def _run_scenario(job: SweepJob, spec: _Spec, reference: Counter[str]) -> ScenarioResult:
+def _run_scenario(
+    job: SweepJob, spec: _Spec, reference: Counter[str], store: StoreFactory | None
+) -> ScenarioResult:
     """One scenario in a fresh world: the first process killed, then the restarts."""
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
-        world = World(root=Path(scratch), config=spec.config)
+        world = World(root=Path(scratch), config=spec.config, store_factory=store)
         job.prepare(world)
         error = _first_process(job, world, spec.first)
         return _restart_and_judge(job, world, spec, reference, error)
@@ -506,10 +513,12 @@ def _judge(
     )
 
 
-def _record_points(job: SweepJob, config: Config) -> tuple[list[str], list[str], Counter[str]]:
+def _record_points(
+    job: SweepJob, config: Config, store: StoreFactory | None
+) -> tuple[list[str], list[str], Counter[str]]:
     """Run the job once without crashing: its crash points, fingerprints and effects."""
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
-        world = World(root=Path(scratch), config=config)
+        world = World(root=Path(scratch), config=config, store_factory=store)
         job.prepare(world)
         record = world.root / "points.json"
         status = _process(job, world, first=True, plan=faults.CrashPlan(), record=record)
@@ -627,7 +636,7 @@ def _call_pool_task(item: Any) -> Any:
     return _pool_task(item)
 
 
-def _warm_up(job: SweepJob, config: Config) -> None:
+def _warm_up(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
     """Run the job once, without crashing, in this worker: the processes it forks start warm.
 
     Whatever the job builds lazily (imports, compiled code, schemas, decoded
@@ -638,7 +647,7 @@ def _warm_up(job: SweepJob, config: Config) -> None:
     """
     try:
         with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
-            world = World(root=Path(scratch), config=config)
+            world = World(root=Path(scratch), config=config, store_factory=store)
             job.prepare(world)
             agent = job.agent(world, _SweepApprover(job, world))
             asyncio.run(agent.run(job.task(), run_id=RUN_ID))
@@ -650,7 +659,11 @@ def _warm_up(job: SweepJob, config: Config) -> None:
 
 @contextmanager
 def _workers(
-    jobs: int, job: SweepJob, config: Config, task: Callable[[_Item], _Outcome]
+    jobs: int,
+    job: SweepJob,
+    config: Config,
+    task: Callable[[_Item], _Outcome],
+    store: StoreFactory | None = None,
 ) -> Iterator[Callable[[Sequence[_Item]], Iterator[_Outcome]]]:
     """``jobs`` warmed-up worker processes doing ``task`` to items, results as they come.
 
@@ -661,7 +674,8 @@ def _workers(
     global _pool_task
     _pool_task = task
     context = multiprocessing.get_context("fork")
-    with context.Pool(max(1, jobs), initializer=_warm_up, initargs=(job, config)) as pool:
+    warm_up = (job, config, store)
+    with context.Pool(max(1, jobs), initializer=_warm_up, initargs=warm_up) as pool:
         yield lambda items: pool.imap_unordered(_call_pool_task, items)
 
 
@@ -672,6 +686,7 @@ def run_sweep(
     depth: int = 1,
     jobs: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    store: StoreFactory | None = None,
 ) -> SweepReport:
     """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
 
@@ -682,6 +697,9 @@ def run_sweep(
         jobs: worker processes running scenarios in parallel.
         progress: called with (scenarios done, scenarios expected in all); second
             crashes are counted as they are found, and estimated until then.
+        store: builds each scenario's store over its directory (default: the
+            job's ``world.store()`` default, an unsynced ``FileStore``); e.g.
+            ``functools.partial(JournalStore, sync=False)``.
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -690,7 +708,7 @@ def run_sweep(
     references: dict[str, Counter[str]] = {}
     groups: list[_Group] = []
     for config in configs:
-        labels, prints, effects = _record_points(job, config)
+        labels, prints, effects = _record_points(job, config, store)
         references[config.name] = effects
         # Baselines already fail at depth 1; a second crash adds nothing to that proof.
         group_depth = depth if config.protected else 1
@@ -704,9 +722,9 @@ def run_sweep(
     sizes: dict[int, list[int]] = {1: [], 2: []}
 
     def run(group: _Group) -> tuple[int, list[ScenarioResult]]:
-        return group.depth, _run_group(job, group, references[group.config.name])
+        return group.depth, _run_group(job, group, references[group.config.name], store)
 
-    with _workers(jobs, job, configs[0], run) as run_all:
+    with _workers(jobs, job, configs[0], run, store) as run_all:
         for group_depth, found in run_all(groups):
             results.extend(found)
             pending[group_depth] -= 1
@@ -723,14 +741,20 @@ def run_sweep(
 
 
 def assert_clean(
-    job: SweepJob, *, configs: Sequence[Config] = CONFIGS[:1], depth: int = 1, jobs: int = 1
+    job: SweepJob,
+    *,
+    configs: Sequence[Config] = CONFIGS[:1],
+    depth: int = 1,
+    jobs: int = 1,
+    store: StoreFactory | None = None,
 ) -> SweepReport:
     """Sweep ``job`` and fail (``AssertionError`` with the table) on any problem.
 
     The pytest helper: a user sweeps their own agent in their own suite with
-    ``durably.sweep.assert_clean(MyJob(), depth=2)``.
+    ``durably.sweep.assert_clean(MyJob(), depth=2)``; the arguments are
+    :func:`run_sweep`'s.
     """
-    report = run_sweep(job, configs=configs, depth=depth, jobs=jobs)
+    report = run_sweep(job, configs=configs, depth=depth, jobs=jobs, store=store)
     problems = report.problems()
     failed = [r for r in report.results if r.error]
     if problems or failed:

@@ -15,8 +15,8 @@ from ..loop import Agent
 from ..models import CallLog
 from ..state import RunState
 from ..sweep._tree import Tree
+from ..sweep.core import RUN_ID, digest_files
 from ..sweep.core import World as SweepWorld
-from ..sweep.core import digest_files
 from .agent import build_agent, replay_model
 from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
@@ -129,15 +129,17 @@ class TriageJob:
     def fingerprint(self, world: SweepWorld) -> str:
         """Everything a crash now would leave: checkpoint, tracker, workspace, logs.
 
-        Called at every crash point, so it reads little: the checkpoint in full
-        (small), the tracker's request count (every write it accepts or refuses is
-        a request row, so nothing else in it changes without one), the sizes of
-        the append-only logs, and each workspace file's digest, re-read only when
-        its inode, size or modification time moved (workspace writes rename a new
-        file into place, so a changed file always has a new inode).
+        Called at every crash point, so it reads little: the run's files in the
+        store in full (a snapshot, and a journal's log; not its lock, nor temp
+        files, which every open removes), the tracker's request count (every
+        write it accepts or refuses is a request row, so nothing else in it
+        changes without one), the sizes of the append-only logs, and each
+        workspace file's digest, re-read only when its inode, size or
+        modification time moved (workspace writes rename a new file into place,
+        so a changed file always has a new inode).
         """
         triage_world = self._world(world)
-        digest = hashlib.sha256(digest_files([world.store_dir / "sweep-run.json"]).encode())
+        digest = hashlib.sha256(digest_files(_run_files(world.store_dir)).encode())
         digest.update(f"requests {self._request_count(triage_world.tracker_path)}".encode())
         for log in (triage_world.model_log, patches_log(triage_world), world.questions_log):
             digest.update(f"{log.name} {log.stat().st_size if log.exists() else -1}".encode())
@@ -163,6 +165,19 @@ class TriageJob:
             self._readers[key] = connection
         (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
         return int(count)
+
+
+def _run_files(store_dir: Path) -> list[Path]:
+    try:
+        names = os.listdir(store_dir)
+    except FileNotFoundError:
+        return []
+    prefix = f"{RUN_ID}."
+    return [
+        store_dir / name
+        for name in sorted(names)
+        if name.startswith(prefix) and not name.endswith(".lock")
+    ]
 
 
 def _workspace_files(root: str) -> list[tuple[str, os.stat_result]]:
