@@ -195,7 +195,7 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
             raise RuntimeError("no agent today")
 
     try:
-        sweep_core._warm_up(Unbuildable(), CONFIGS[0])
+        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err
