@@ -45,6 +45,21 @@ def read(dsn: str, run_id: str) -> RunState:
     return asyncio.run(main())
 
 
+def take_over(stalled: Child, dsn: str, tmp_path: Path) -> durably.Outcome:
+    """Once the stopped ``stalled`` agent's 1 s lease has run out, resume run r1 here to its
+    end; then let ``stalled`` go on, and require that it stops on LeaseLost."""
+    time.sleep(1.5)
+
+    async def resume() -> durably.Outcome:
+        async with store(dsn) as s:
+            return await make_agent(tmp_path, s).resume("r1")
+
+    outcome = asyncio.run(resume())
+    os.kill(stalled.pid, signal.SIGCONT)
+    assert stalled.json()["outcome"] == "lease-lost"
+    return outcome
+
+
 def test_a_second_process_is_locked_out_until_the_crashed_owners_lease_expires(
     pg_dsn: str,
 ) -> None:
@@ -120,15 +135,7 @@ def test_a_call_in_flight_in_a_fenced_process_is_resolved_by_the_new_owner(
         (tmp_path / "pause").unlink()
         in_doubt = read(pg_dsn, "r1")
         assert list(in_doubt.markers) == ["n1"]
-        time.sleep(1.5)
-
-        async def take_over() -> durably.Outcome:
-            async with store(pg_dsn) as s:
-                return await make_agent(tmp_path, s).resume("r1")
-
-        outcome = asyncio.run(take_over())
-        os.kill(stalled.pid, signal.SIGCONT)
-        assert stalled.json()["outcome"] == "lease-lost"
+        outcome = take_over(stalled, pg_dsn, tmp_path)
     finally:
         stalled.kill()
     assert outcome.status == "done"
@@ -154,15 +161,7 @@ def test_a_stale_write_is_refused_by_a_receiver_that_checks_the_fencing_token(
         wait_for(tmp_path / "waiting")
         os.kill(stalled.pid, signal.SIGSTOP)
         (tmp_path / "pause").unlink()
-        time.sleep(1.5)
-
-        async def take_over() -> durably.Outcome:
-            async with store(pg_dsn) as s:
-                return await make_agent(tmp_path, s).resume("r1")
-
-        outcome = asyncio.run(take_over())
-        os.kill(stalled.pid, signal.SIGCONT)
-        assert stalled.json()["outcome"] == "lease-lost"
+        outcome = take_over(stalled, pg_dsn, tmp_path)
     finally:
         stalled.kill()
     assert outcome.status == "done"

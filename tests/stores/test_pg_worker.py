@@ -201,6 +201,28 @@ def durably_cli(*args: str, root: Path) -> subprocess.Popen[str]:
     )
 
 
+def stop_when(
+    worker: subprocess.Popen[str], ready: Callable[[], bool], *, within: float, what: str
+) -> str:
+    """SIGTERM the running ``worker`` once ``ready()`` (within ``within`` s); its output.
+
+    The worker must still be running until then; it is killed if anything fails.
+    """
+    try:
+        deadline = time.monotonic() + within
+        while not ready():
+            assert time.monotonic() < deadline, f"not within {within} s: {what}"
+            assert worker.poll() is None
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+        return out
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+
+
 def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) -> None:
     """``durably worker`` stops on SIGTERM after the runs' current saves and frees their leases,
     so another worker resumes them at once, though the lease is long."""
@@ -225,18 +247,9 @@ def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) 
         "_pg_cli_agents",
         root=tmp_path,
     )
-    try:
-        deadline = time.monotonic() + 30
-        while in_doubt(pg_dsn, "n1") < 2:
-            assert time.monotonic() < deadline, "the runs never reached their note"
-            assert worker.poll() is None
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=30)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
+    out = stop_when(
+        worker, lambda: in_doubt(pg_dsn, "n1") >= 2, within=30, what="the runs reached their note"
+    )
     assert worker.returncode == 0, out
     assert "2 handed back" in out
     assert sql(pg_dsn, "SELECT count(*) FROM durably_runs WHERE expires_at IS NULL") == [(2,)]
@@ -263,17 +276,11 @@ def test_the_cli_runs_a_submitted_triage_task(pg_dsn: str, tmp_path: Path) -> No
     worker = durably_cli(
         "worker", "--dsn", pg_dsn, "--state", str(tmp_path / "state"), root=tmp_path
     )
-    try:
-        deadline = time.monotonic() + 60
-        while phases(pg_dsn).get(run_id) != Phase.DONE:
-            assert time.monotonic() < deadline, "the triage run did not finish"
-            assert worker.poll() is None
-            time.sleep(0.1)
-        worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=30)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
+    out = stop_when(
+        worker,
+        lambda: phases(pg_dsn).get(run_id) == Phase.DONE,
+        within=60,
+        what="the triage run finished",
+    )
     assert worker.returncode == 0, out
     assert (tmp_path / "state" / "worlds" / run_id / "world.json").exists()
