@@ -315,7 +315,8 @@ async def _drive(
         except (*_PERMANENT, LookupError, _FactoryFailed) as exc:
             report.parked += 1
             log.error("parking %s: %s", run_id, exc)
-            await shielded(handle.close())
+            # Park while the lease is still held; the lease is freed afterwards (finally).
+            # Freed first, another claim could take the run in between and fail it again.
             await _park(handle, f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             report.failed += 1

@@ -21,7 +21,7 @@ from _pg_procs import Child
 import durably
 from _helpers.samples import state_a
 from durably.state import Phase
-from durably.stores.postgres import PostgresStore
+from durably.stores.postgres import PostgresRun, PostgresStore
 from durably.worker import Registry, WorkReport, submit, work
 
 pytestmark = pytest.mark.postgres
@@ -136,9 +136,22 @@ def test_a_run_whose_worker_died_is_finished_by_another(pg_dsn: str, tmp_path: P
     assert_each_call_acted_once(tmp_path, ["w1"])
 
 
-def test_runs_that_cannot_go_on_are_parked_not_retried(pg_dsn: str, tmp_path: Path) -> None:
+def test_runs_that_cannot_go_on_are_parked_not_retried(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run whose agent cannot be built, or whose state is corrupt, is parked with the reason
-    and never claimed again; runs of agents the worker does not know are left alone."""
+    and never claimed again; runs of agents the worker does not know are left alone.
+
+    Parking is made slow here: a worker that freed the lease before the run was parked
+    would claim it again in that gap (this once failed CI, 1 time in many).
+    """
+    park = PostgresRun.park
+
+    async def slow_park(self: PostgresRun, reason: str) -> bool:
+        await asyncio.sleep(0.3)
+        return await park(self, reason)
+
+    monkeypatch.setattr(PostgresRun, "park", slow_park)
 
     def broken(run_id: str) -> durably.Agent:
         raise RuntimeError("the model key is missing")
