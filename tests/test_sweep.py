@@ -17,6 +17,7 @@ from durably import Effect, ToolContext, tool
 from durably.sweep import CONFIGS, SweepReport, World, assert_clean, digest_files, run_sweep
 from durably.sweep import core as sweep_core
 from durably.sweep._tree import Tree, Uncopyable
+from durably.sweep.powerloss_sweep import run_power_loss_sweep
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
 
@@ -199,6 +200,22 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err
+
+
+class _Untouchable(RefundJob):
+    """A job that fails the test if the sweep starts any work with it."""
+
+    def prepare(self, world: World) -> None:
+        raise AssertionError("the sweep started work it should have refused")
+
+
+@pytest.mark.parametrize("jobs", [0, -2])
+def test_a_sweep_without_workers_is_refused_before_any_work(jobs: int) -> None:
+    """``jobs`` below 1 is a ValueError naming it, raised before the job is run even once."""
+    with pytest.raises(ValueError, match=f"jobs .* must be 1 or more, got {jobs}"):
+        run_sweep(_Untouchable(), configs=CONFIGS[:1], jobs=jobs)
+    with pytest.raises(ValueError, match=f"got {jobs}"):
+        run_power_loss_sweep(_Untouchable(), config=CONFIGS[0], jobs=jobs)
 
 
 def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:

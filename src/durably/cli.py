@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -278,9 +279,15 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
     if args.task not in TASKS:
         errors.print(f"error: unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
         return EXIT["usage"]
+    known = {c.name: c for c in CONFIGS}
+    unknown = [name for name in args.config or () if name not in known]
+    if unknown:
+        errors.print(
+            f"error: unknown configuration {unknown[0]!r}; configurations: {', '.join(known)}"
+        )
+        return EXIT["usage"]
     if args.power_loss:
         return _power_loss(args.task, args.jobs, console, errors)
-    known = {c.name: c for c in CONFIGS}
     chosen = [known[name] for name in args.config] if args.config else list(CONFIGS)
     columns = (
         TextColumn("[bold]sweep[/bold]"),
@@ -338,6 +345,46 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
     return EXIT["failed"] if problems else EXIT["done"]
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 1 or more")
+    return value
+
+
+def _positive_amount(text: str) -> float:
+    """An argparse type: a finite number above 0 (dollars, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive amount: give more than 0")
+    return value
+
+
+def _output_file(text: str) -> Path:
+    """An argparse type: a file written at the end, checked at the start.
+
+    A sweep runs for a minute before it writes its report; a path that cannot be
+    written is refused before any of that work is done.
+    """
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory: name a file in it")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the directory {str(path.parent)!r} does not exist: create it first"
+        )
+    if not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the directory {str(path.parent)!r} is not writable")
+    return path
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durably",
@@ -387,8 +434,8 @@ def _parser() -> argparse.ArgumentParser:
         default="journal",
         help="journal (default: one append per save) or snapshot (one JSON file per run)",
     )
-    triage.add_argument("--max-turns", type=int, default=40)
-    triage.add_argument("--max-dollars", type=float, default=5.0)
+    triage.add_argument("--max-turns", type=_positive_int, default=40)
+    triage.add_argument("--max-dollars", type=_positive_amount, default=5.0)
     triage.add_argument("--new", action="store_true", help="start a new run even if one is open")
     triage.set_defaults(handler=_cmd_triage)
 
@@ -409,7 +456,9 @@ def _parser() -> argparse.ArgumentParser:
         help="a configuration to sweep (repeatable; default: all): keys honoured, keys "
         "ignored, fickle model, naive retry, at-most-once",
     )
-    sweep.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    sweep.add_argument(
+        "--jobs", type=_positive_int, default=os.cpu_count() or 1, help="worker processes"
+    )
     sweep.add_argument(
         "--store",
         choices=("snapshot", "journal"),
@@ -423,8 +472,12 @@ def _parser() -> argparse.ArgumentParser:
         help="instead, check both stores against every legal disk after every power cut, "
         "and that every seeded mutant of the save protocol is caught",
     )
-    sweep.add_argument("--json", type=Path, help="write every scenario as JSON to this file")
-    sweep.add_argument("--text", type=Path, help="write the table as plain text to this file")
+    sweep.add_argument(
+        "--json", type=_output_file, help="write every scenario as JSON to this file"
+    )
+    sweep.add_argument(
+        "--text", type=_output_file, help="write the table as plain text to this file"
+    )
     sweep.set_defaults(handler=_cmd_sweep)
 
     runs_cmd = commands.add_parser("runs", help="list runs")
@@ -499,7 +552,9 @@ def _add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         "worker", help="claim runs from a Postgres store and carry them on until SIGTERM"
     )
     common(worker)
-    worker.add_argument("--concurrency", type=int, default=4, help="runs at once (default: 4)")
+    worker.add_argument(
+        "--concurrency", type=_positive_int, default=4, help="runs at once (default: 4)"
+    )
     worker.add_argument(
         "--state",
         type=Path,
@@ -507,7 +562,7 @@ def _add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         help="where triage runs keep their worlds (default: .durably)",
     )
     worker.add_argument(
-        "--lease", type=float, default=15.0, help="lease length in seconds (default: 15)"
+        "--lease", type=_positive_amount, default=15.0, help="lease length in seconds (default: 15)"
     )
     worker.set_defaults(handler=_cmd_worker)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -96,6 +97,23 @@ class Limits:
     max_tokens: int | None = None
     max_dollars: float | None = None
     max_resumes: int = 10
+
+    def __post_init__(self) -> None:
+        # A limit nothing can stay under (or, for NaN, that nothing ever reaches)
+        # is a mistake, not a policy: refuse it before a run is started with it.
+        for name in ("max_turns", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"Limits.{name} must be 1 or more (or None for no limit), got {value}"
+                )
+        if self.max_dollars is not None and not 0 < self.max_dollars < math.inf:
+            raise ValueError(
+                f"Limits.max_dollars must be a positive amount (or None for no limit), "
+                f"got {self.max_dollars}"
+            )
+        if self.max_resumes < 0:
+            raise ValueError(f"Limits.max_resumes must be 0 or more, got {self.max_resumes}")
 
 
 def _default_summary(previous: str | None, dropped: Sequence[Message]) -> str:

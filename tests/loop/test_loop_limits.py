@@ -117,3 +117,30 @@ def test_resuming_a_finished_run_returns_its_answer_without_any_call(world: Worl
     assert world.model_turns() == paid == [1, 2, 3, 4, 5, 6]
     assert world.receiver().entries() == ledger
     assert world.state() == saved  # not even a save
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"max_dollars": 0.0}, "max_dollars"),
+        ({"max_dollars": -1.0}, "max_dollars"),
+        ({"max_dollars": float("nan")}, "max_dollars"),
+        ({"max_dollars": float("inf")}, "max_dollars"),
+        ({"max_resumes": -1}, "max_resumes"),
+    ],
+)
+def test_a_limit_no_run_could_keep_is_refused_when_it_is_made(
+    limits: dict[str, float], named: str
+) -> None:
+    """A limit of 0 turns, a negative budget, or a NaN one (which no spend would ever
+    reach) is a mistake: it is refused with the field's name before any run starts."""
+    with pytest.raises(ValueError, match=f"Limits.{named}"):
+        Limits(**limits)  # type: ignore[arg-type]
+
+
+def test_the_limits_a_run_may_keep_are_accepted() -> None:
+    """The smallest sensible limits, and no limits at all, are accepted."""
+    assert Limits(max_turns=1, max_tokens=1, max_dollars=0.01, max_resumes=0).max_resumes == 0
+    assert Limits().max_dollars is None

@@ -253,6 +253,36 @@ def test_die_after_an_unknown_tool_is_bad_usage(state: Path) -> None:
     assert list(state.glob("worlds/*")) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("sweep", "--config", "keys honored"), "unknown configuration 'keys honored'"),
+        (("sweep", "--jobs", "0"), "argument --jobs: 0 is too small"),
+        (("sweep", "--jobs", "two"), "argument --jobs: 'two' is not a whole number"),
+        (("sweep", "--json", "{tmp}/missing/sweep.json"), "{tmp}/missing' does not exist"),
+        (("sweep", "--text", "{tmp}"), "is a directory: name a file in it"),
+        (("triage", "--state", "{tmp}/state", "--max-dollars", "nan"), "not a positive amount"),
+        (("triage", "--state", "{tmp}/state", "--max-dollars", "-1"), "not a positive amount"),
+        (("triage", "--state", "{tmp}/state", "--max-turns", "0"), "0 is too small"),
+        (("worker", "--dsn", "postgresql://nowhere", "--lease", "0"), "not a positive amount"),
+        (("worker", "--dsn", "postgresql://nowhere", "--concurrency", "0"), "0 is too small"),
+    ],
+)
+def test_bad_arguments_are_refused_at_once_naming_the_argument(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    """A count below 1, a budget nothing could reach, an unknown configuration, or a report
+    file that could not be written later: exit 2 with the reason, before any run or sweep
+    starts (a sweep writes its report only after a minute of work)."""
+    result = durably(*(a.format(tmp=tmp_path) for a in args), timeout=30)
+
+    assert result.returncode == EXIT["usage"], result.stdout + result.stderr
+    assert says.format(tmp=tmp_path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_runs_lists_a_finished_run_with_its_phase_and_turns(state: Path) -> None:
     """``durably runs`` shows a finished run's ID, phase ``done`` and turn count in one row."""
     finished = durably("triage", "--task", M1, "--state", state, "--approve", "off")

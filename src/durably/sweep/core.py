@@ -657,6 +657,12 @@ def _warm_up(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
     gc.freeze()
 
 
+def check_jobs(jobs: int) -> None:
+    """Refuse a worker count no pool can have, before any work is done."""
+    if jobs < 1:
+        raise ValueError(f"jobs (worker processes) must be 1 or more, got {jobs}")
+
+
 @contextmanager
 def _workers(
     jobs: int,
@@ -675,7 +681,7 @@ def _workers(
     _pool_task = task
     context = multiprocessing.get_context("fork")
     warm_up = (job, config, store)
-    with context.Pool(max(1, jobs), initializer=_warm_up, initargs=warm_up) as pool:
+    with context.Pool(jobs, initializer=_warm_up, initargs=warm_up) as pool:
         yield lambda items: pool.imap_unordered(_call_pool_task, items)
 
 
@@ -703,6 +709,7 @@ def run_sweep(
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
+    check_jobs(jobs)
     if not configs:
         raise ValueError("give at least one configuration to sweep")
     references: dict[str, Counter[str]] = {}

@@ -70,6 +70,7 @@ from .core import (
     _Spec,
     _SweepApprover,
     _workers,
+    check_jobs,
 )
 from .powerloss import Kind, PowerLossFS, Violation
 
@@ -418,6 +419,7 @@ def run_power_loss_sweep(
     """
     if every < 1:
         raise ValueError("every is at least 1")
+    check_jobs(jobs)
     make_store = STORES[store] if isinstance(store, str) else store
     store_name = store if isinstance(store, str) else getattr(store, "__name__", "custom")
     with tempfile.TemporaryDirectory(prefix="durably-powerloss-sweep-") as scratch:
