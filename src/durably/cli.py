@@ -172,7 +172,16 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    unreadable = runs_table(JournalStore(runs_dir(args.state)), console, errors)
+    directory = runs_dir(args.state)
+    if not directory.is_dir():
+        # An empty table would hide a mistyped --state; nothing is created here.
+        errors.print(
+            f"no runs: {directory} does not exist (nothing has run with --state {args.state}; "
+            "check the path)",
+            highlight=False,
+        )
+        return EXIT["done"]
+    unreadable = runs_table(JournalStore(directory), console, errors)
     return EXIT["failed"] if unreadable else EXIT["done"]
 
 

@@ -283,6 +283,18 @@ def test_bad_arguments_are_refused_at_once_naming_the_argument(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_runs_in_a_state_directory_that_does_not_exist_says_so_and_creates_nothing(
+    state: Path,
+) -> None:
+    """A mistyped ``--state`` is named, not shown as an empty table, and not created."""
+    result = durably("runs", "--state", state)
+
+    assert result.returncode == EXIT["done"]
+    assert f"no runs: {state / 'runs'} does not exist" in result.stderr
+    assert result.stdout == ""
+    assert not state.exists()
+
+
 def test_runs_lists_a_finished_run_with_its_phase_and_turns(state: Path) -> None:
     """``durably runs`` shows a finished run's ID, phase ``done`` and turn count in one row."""
     finished = durably("triage", "--task", M1, "--state", state, "--approve", "off")
