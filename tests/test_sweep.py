@@ -233,7 +233,9 @@ def test_the_reference_triage_sweep_matches_the_table_in_the_repository() -> Non
     """The triage sweep (all configurations, depth 2) gives the table kept in tests/testdata."""
     from durably.triage.job import TriageJob
 
-    report = run_sweep(TriageJob(), configs=CONFIGS, depth=2, jobs=2)
+    # Fresh workers: forked from this test session, every scenario process would pay
+    # for the session's memory (see durably.sweep._fresh).
+    report = run_sweep(TriageJob(), configs=CONFIGS, depth=2, jobs=2, workers="fresh")
     if os.environ.get("DURABLY_REGENERATE"):
         REFERENCE.write_text(report.text())
     assert report.text() == REFERENCE.read_text()

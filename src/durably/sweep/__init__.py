@@ -10,6 +10,7 @@ from .core import Row as Row
 from .core import ScenarioResult as ScenarioResult
 from .core import SweepJob as SweepJob
 from .core import SweepReport as SweepReport
+from .core import Workers as Workers
 from .core import World as World
 from .core import assert_clean as assert_clean
 from .core import digest_files as digest_files
@@ -22,6 +23,7 @@ __all__ = [
     "ScenarioResult",
     "SweepJob",
     "SweepReport",
+    "Workers",
     "World",
     "assert_clean",
     "digest_files",

@@ -29,6 +29,7 @@ path, before each of their restarts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import hashlib
 import json
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 from .. import faults
 from ..approval import ApprovalRequest, Approver, Done, Rerun, ResolveRequest, Yes
@@ -61,13 +62,11 @@ __all__ = [
     "ScenarioResult",
     "SweepJob",
     "SweepReport",
+    "Workers",
     "World",
     "assert_clean",
     "run_sweep",
 ]
-
-_Item = TypeVar("_Item")
-_Outcome = TypeVar("_Outcome")
 
 StoreFactory = Callable[[Path], FileStore]
 """Builds a scenario's store over its directory."""
@@ -663,24 +662,39 @@ def check_jobs(jobs: int) -> None:
         raise ValueError(f"jobs (worker processes) must be 1 or more, got {jobs}")
 
 
+Workers = Literal["fork", "fresh"]
+"""Where sweep workers come from: forked from the caller, or fresh interpreters."""
+
+
 @contextmanager
 def _workers(
     jobs: int,
     job: SweepJob,
     config: Config,
-    task: Callable[[_Item], _Outcome],
+    task: Callable[[Any], Any],
     store: StoreFactory | None = None,
-) -> Iterator[Callable[[Sequence[_Item]], Iterator[_Outcome]]]:
+    workers: Workers = "fork",
+) -> Iterator[Callable[[Sequence[Any]], Iterator[Any]]]:
     """``jobs`` warmed-up worker processes doing ``task`` to items, results as they come.
 
-    Workers are forked from this process and warmed up once; each forks one
-    child per process of a scenario. The warm-up runs in a worker, never in
+    Workers are forked from this process, or with ``workers="fresh"`` started
+    as fresh interpreters (:mod:`durably.sweep._fresh`). Each is warmed up once
+    and forks one child per process of a scenario. The warm-up never runs in
     the caller (a user's test process), even for a single job.
     """
+    warm_up = (job, config, store)
+    if workers == "fresh":
+        from . import _fresh
+
+        fresh = _fresh.start(jobs, task, warm_up)
+        try:
+            yield fresh.imap_unordered
+        finally:
+            fresh.close()
+        return
     global _pool_task
     _pool_task = task
     context = multiprocessing.get_context("fork")
-    warm_up = (job, config, store)
     with context.Pool(jobs, initializer=_warm_up, initargs=warm_up) as pool:
         yield lambda items: pool.imap_unordered(_call_pool_task, items)
 
@@ -693,6 +707,7 @@ def run_sweep(
     jobs: int = 1,
     progress: Callable[[int, int], None] | None = None,
     store: StoreFactory | None = None,
+    workers: Workers = "fork",
 ) -> SweepReport:
     """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
 
@@ -706,10 +721,23 @@ def run_sweep(
         store: builds each scenario's store over its directory (default: the
             job's ``world.store()`` default, an unsynced ``FileStore``); e.g.
             ``functools.partial(JournalStore, sync=False)``.
+        workers: ``"fork"`` (default): workers are forked from this process, so
+            the job sees everything the caller set up (a monkeypatch, a fake
+            service in memory). ``"fresh"``: workers are new interpreters that
+            get the job, configurations and store factory pickled (importable
+            classes, not ones defined in a function or in ``__main__``); a
+            caller holding much memory, like a test session, sweeps much faster
+            so (see :mod:`durably.sweep._fresh`).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
     check_jobs(jobs)
+    if workers == "fresh":
+        from ._fresh import check_picklable
+
+        check_picklable(job, configs, store)
+    elif workers != "fork":
+        raise ValueError(f"workers is 'fork' or 'fresh', got {workers!r}")
     if not configs:
         raise ValueError("give at least one configuration to sweep")
     references: dict[str, Counter[str]] = {}
@@ -728,10 +756,8 @@ def run_sweep(
     pending = Counter(group.depth for group in groups)
     sizes: dict[int, list[int]] = {1: [], 2: []}
 
-    def run(group: _Group) -> tuple[int, list[ScenarioResult]]:
-        return group.depth, _run_group(job, group, references[group.config.name], store)
-
-    with _workers(jobs, job, configs[0], run, store) as run_all:
+    run = functools.partial(_run_group_of, job, references, store)
+    with _workers(jobs, job, configs[0], run, store, workers) as run_all:
         for group_depth, found in run_all(groups):
             results.extend(found)
             pending[group_depth] -= 1
@@ -744,7 +770,22 @@ def run_sweep(
                 progress(len(results), len(results) + round(left))
     order = {c.name: i for i, c in enumerate(configs)}
     results.sort(key=lambda r: (order[r.config], r.depth, r.at))
-    return SweepReport(job=job.name, results=tuple(results), configs=tuple(configs), depth=depth)
+    return SweepReport(
+        job=job.name,
+        results=tuple(results),
+        configs=tuple(configs),
+        depth=depth,
+    )
+
+
+def _run_group_of(
+    job: SweepJob,
+    references: dict[str, Counter[str]],
+    store: StoreFactory | None,
+    group: _Group,
+) -> tuple[int, list[ScenarioResult]]:
+    """A worker's task in :func:`run_sweep`: one group, and its depth for the progress total."""
+    return group.depth, _run_group(job, group, references[group.config.name], store)
 
 
 def assert_clean(
@@ -754,6 +795,7 @@ def assert_clean(
     depth: int = 1,
     jobs: int = 1,
     store: StoreFactory | None = None,
+    workers: Workers = "fork",
 ) -> SweepReport:
     """Sweep ``job`` and fail (``AssertionError`` with the table) on any problem.
 
@@ -761,7 +803,7 @@ def assert_clean(
     ``durably.sweep.assert_clean(MyJob(), depth=2)``; the arguments are
     :func:`run_sweep`'s.
     """
-    report = run_sweep(job, configs=configs, depth=depth, jobs=jobs, store=store)
+    report = run_sweep(job, configs=configs, depth=depth, jobs=jobs, store=store, workers=workers)
     problems = report.problems()
     failed = [r for r in report.results if r.error]
     if problems or failed:
