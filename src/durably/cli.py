@@ -619,6 +619,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             raise
         errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
         code = _exit_code(exc)
+    except OSError as exc:
+        if args.debug:
+            raise
+        # What the disk or the system refused, without a traceback; saved state stays.
+        errors.print(
+            f"[red]error:[/red] {exc}; free disk space or fix permissions, then run the "
+            "command again (what was saved is kept)",
+            soft_wrap=True,
+            highlight=False,
+        )
+        code = EXIT["failed"]
     except KeyboardInterrupt:
         errors.print("interrupted; the run is saved where it stopped: run the command again")
         code = 130

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,3 +378,93 @@ def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_w
             (0, 0, 0, 0)
         )
         assert row["questions"] == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of its own: a real disk to fill up and to remount read-only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", disk], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", disk], check=True)
+
+
+def fill(disk: Path, name: str) -> Path:
+    """Write zeros into ``disk`` until the kernel refuses; the file that took the space."""
+    ballast = disk / name
+    with ballast.open("wb", buffering=0) as out:
+        for chunk in (65536, 4096, 1):
+            try:
+                while True:
+                    out.write(b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    return ballast
+
+
+def saved(state: Path, run: str) -> dict[str, Any]:
+    shown = durably("show", run, "--state", state, "--json")
+    assert shown.returncode == EXIT["done"], shown.stderr
+    return dict(json.loads(shown.stdout))
+
+
+def test_a_full_or_read_only_state_disk_is_a_clear_error_and_loses_nothing(
+    small_disk: Path,
+) -> None:
+    """On a real disk that is full, then read-only: every command fails with the kernel's
+    reason and no traceback, no new run is half made, the checkpoint stays readable, and
+    once there is room the run resumes to 16/16 with nothing done twice."""
+    state = small_disk / "state"
+    triage = ("triage", "--task", M1, "--state", state, "--approve", "off")
+    crash = durably(*triage, "--die-after", "code_patch")
+    assert crash.returncode == -signal.SIGKILL, crash.stdout + crash.stderr
+    run = only_run(state)
+    before = saved(state, run)
+
+    ballasts = [fill(small_disk, "ballast-1")]
+    full = durably(*triage)
+    assert full.returncode == EXIT["failed"], full.stdout + full.stderr
+    assert "No space left on device" in full.stderr
+    assert "Traceback" not in full.stderr
+    after = saved(state, run)
+    assert after["phase"] == "tools"
+    assert after["turns"] == before["turns"]
+
+    ballasts.append(fill(small_disk, "ballast-2"))  # what the failed resume gave back
+    fresh = durably(*triage, "--new")
+    assert fresh.returncode == EXIT["failed"], fresh.stdout + fresh.stderr
+    assert re.search("No space left on device|database or disk is full", fresh.stderr)
+    assert "no run was started" in fresh.stderr
+    assert "Traceback" not in fresh.stderr
+    assert only_run(state) == run
+    assert [p.name for p in (state / "worlds").iterdir()] == [run]
+
+    for ballast in ballasts:
+        ballast.unlink()
+    resumed = durably(*triage)
+    assert resumed.returncode == EXIT["done"], resumed.stdout + resumed.stderr
+    assert "16/16 checks passed" in resumed.stdout
+
+    second = durably(*triage, "--new", "--die-after", "code_patch")
+    assert second.returncode == -signal.SIGKILL, second.stdout + second.stderr
+    (unfinished,) = {f.stem for f in run_files(state)} - {run}
+    subprocess.run(["mount", "-o", "remount,ro", small_disk], check=True)
+    read_only = durably(*triage)
+    assert read_only.returncode == EXIT["failed"], read_only.stdout + read_only.stderr
+    assert "Read-only file system" in read_only.stderr
+    assert "Traceback" not in read_only.stderr
+    assert saved(state, unfinished)["phase"] == "tools"
+    refused = durably(*triage, "--new")
+    assert refused.returncode == EXIT["failed"], refused.stdout + refused.stderr
+    assert "Read-only file system" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    listed = durably("runs", "--state", state)
+    assert listed.returncode == EXIT["done"], listed.stderr
+    assert run in listed.stdout
+    assert unfinished in listed.stdout

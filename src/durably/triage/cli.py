@@ -27,7 +27,7 @@ from ..stores.file import FileStore
 from ..stores.journal import JournalStore
 from .agent import build_agent, recording_path
 from .checks import run_checks
-from .world import TASKS, World, load_task
+from .world import TASKS, World, WorldError, load_task
 
 __all__ = ["triage", "worlds_dir"]
 
@@ -113,11 +113,11 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
     resuming = run_id is not None
     if run_id is None:
         run_id = new_run_id(args.task)
-        world = World.create(worlds_dir(state_dir) / run_id, args.task)
-    else:
-        world = World.open(worlds_dir(state_dir) / run_id)
-
     try:
+        if resuming:
+            world = World.open(worlds_dir(state_dir) / run_id)
+        else:
+            world = World.create(worlds_dir(state_dir) / run_id, args.task)
         spec = _model_spec(args.model, world, resuming=resuming)
         # A provider model also records the run into the world, so it can become a test.
         model = choose_model(
@@ -126,6 +126,11 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             log=world.model_log,
             record_to=world.root / "recording.json",
         )
+    except WorldError as exc:
+        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        if not resuming:
+            errors.print("no run was started", highlight=False)
+        return EXIT["failed"]
     except ModelError as exc:
         errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
         if not resuming:
@@ -173,7 +178,14 @@ def _model_spec(asked: str | None, world: World, *, resuming: bool) -> str:
     provider, name = resolve_spec(asked)
     spec = "replay" if provider == "replay" else f"{provider}:{name}"
     if not resuming:
-        chosen.write_text(spec + "\n")
+        try:
+            chosen.write_text(spec + "\n")
+        except OSError as exc:
+            shutil.rmtree(world.root, ignore_errors=True)  # made a moment ago, never started
+            raise WorldError(
+                f"{chosen} could not be written ({exc.strerror}); "
+                "free disk space or fix permissions, then try again"
+            ) from exc
     return spec
 
 

@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import shutil
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -55,6 +56,15 @@ _DIR_MODE = 0o755
 
 class WorldError(Exception):
     """Raised when a world or a task cannot be set up as asked; the message says why."""
+
+
+def _why(exc: BaseException) -> str:
+    """What the disk said, in a few words: the first failure a tree copy collected."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list):
+        return str(exc.args[0][0][2])
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 class UnknownTask(WorldError, LookupError):
@@ -249,7 +259,9 @@ class World:
 
         Raises:
             UnknownTask: no task has this name.
-            WorldError: ``root`` already holds a world, or a workspace.
+            WorldError: ``root`` already holds a world, or a workspace; or the
+                disk refused the world (full, read-only, no permission): what
+                this call made is removed again.
         """
         if task not in TASKS:
             raise UnknownTask(name=task)
@@ -261,25 +273,37 @@ class World:
             raise WorldError(
                 f"{world.root} holds an unfinished world; remove it or call World.ensure"
             )
-        world.root.mkdir(parents=True, exist_ok=True)
+        made_root = not world.root.exists()
+        try:
+            world._lay_out(task, marker)
+        except (OSError, sqlite3.Error) as exc:
+            if made_root:
+                shutil.rmtree(world.root, ignore_errors=True)
+            raise WorldError(
+                f"the world {world.root} could not be made ({_why(exc)}); "
+                "free disk space or fix permissions, then try again"
+            ) from exc
+        return world
+
+    def _lay_out(self, task: str, marker: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         # Copy beside the final name, then rename: a crash never leaves a
         # half-copied directory under the name a run would use.
-        staging = world.root / f".workspace-{secrets.token_hex(4)}"
+        staging = self.root / f".workspace-{secrets.token_hex(4)}"
         shutil.copytree(
             original_sample_dir(),
             staging,
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache"),
         )
         _set_modes(staging)
-        staging.rename(world.workspace)
-        Tracker(world.tracker_path)
-        world.tracker_path.chmod(_FILE_MODE)
+        staging.rename(self.workspace)
+        Tracker(self.tracker_path)
+        self.tracker_path.chmod(_FILE_MODE)
         record = {"format": _WORLD_FORMAT, "task": task, "created": datetime.now(UTC).isoformat()}
-        temporary = world.root / f".world-{secrets.token_hex(4)}.json"
+        temporary = self.root / f".world-{secrets.token_hex(4)}.json"
         temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         temporary.chmod(_FILE_MODE)
         temporary.replace(marker)
-        return world
 
     @classmethod
     def open(cls, root: str | os.PathLike[str]) -> World:
