@@ -61,7 +61,11 @@ class FreshWorkers:
         return [process.pid for process in self._processes.values()]
 
     def imap_unordered(self, items: Iterable[Any]) -> Iterator[Any]:
-        """Each item's outcome as soon as a worker has it, keeping every worker busy."""
+        """Each item's outcome as soon as a worker has it, keeping every worker busy.
+
+        An exception a task raised is raised here; the workers are then fit only
+        to be closed (other workers' outcomes may still be on their way).
+        """
         waiting = iter(items)
         busy: set[Connection] = set()
 
