@@ -619,6 +619,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             raise
         errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
         code = _exit_code(exc)
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing to say, and nobody to say it to.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT["failed"]
     except OSError as exc:
         if args.debug:
             raise

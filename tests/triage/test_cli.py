@@ -380,6 +380,26 @@ def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_w
         assert row["questions"] == 0
 
 
+def test_a_reader_that_went_away_ends_the_command_quietly(state: Path, crashed: str) -> None:
+    """``durably show ... | head`` whose reader is gone: exit 1 with nothing on stderr, not a
+    traceback and not advice about disk space."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "durably", "show", crashed, "--state", str(state), "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert result.returncode == EXIT["failed"]
+    assert result.stderr == ""
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs of its own: a real disk to fill up and to remount read-only."""
