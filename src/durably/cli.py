@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import math
 import os
@@ -608,6 +609,10 @@ def _console(*, stderr: bool = False) -> Console:
     return console
 
 
+_DISK_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+"""Errors that a person mends by freeing space or changing permissions."""
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``durably`` command."""
     args = _parser().parse_args(argv)
@@ -627,9 +632,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if args.debug:
             raise
         # What the disk or the system refused, without a traceback; saved state stays.
+        hint = (
+            "free disk space or fix permissions, then run the command again"
+            if exc.errno in _DISK_REFUSALS
+            else "run the command again once that is mended"
+        )
         errors.print(
-            f"[red]error:[/red] {exc}; free disk space or fix permissions, then run the "
-            "command again (what was saved is kept)",
+            f"[red]error:[/red] {exc}; {hint} (what was saved is kept)",
             soft_wrap=True,
             highlight=False,
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from durably import cli as durably_cli
 from durably.cli import EXIT
 from durably.triage.tracker import normalize_cause
 from durably.triage.world import TASKS, World, load_task
@@ -378,6 +379,38 @@ def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_w
             (0, 0, 0, 0)
         )
         assert row["questions"] == 0
+
+
+@pytest.mark.parametrize(
+    ("code", "hint"),
+    [
+        (errno.ENOSPC, "free disk space or fix permissions"),
+        (errno.EROFS, "free disk space or fix permissions"),
+        (errno.ENOENT, "run the command again once that is mended"),
+    ],
+)
+def test_an_error_the_system_raised_is_one_line_with_a_fitting_hint(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    code: int,
+    hint: str,
+) -> None:
+    """An OSError no layer below turned into a durably error still reaches the user as the
+    kernel's reason, with advice that fits it, exit 1 and no traceback."""
+
+    def refused(*args: object) -> int:
+        raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
+
+    monkeypatch.setattr(durably_cli, "_cmd_runs", refused)
+    with pytest.raises(SystemExit) as exited:
+        durably_cli.main(["runs", "--state", str(tmp_path)])
+    assert exited.value.code == EXIT["failed"]
+    err = capsys.readouterr().err
+    assert os.strerror(code) in err
+    assert str(tmp_path / "somewhere") in err
+    assert hint in err
+    assert "Traceback" not in err
 
 
 def test_a_reader_that_went_away_ends_the_command_quietly(state: Path, crashed: str) -> None:
