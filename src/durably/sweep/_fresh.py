@@ -2,10 +2,10 @@
 
 Each scenario forks two or three processes from a worker. A worker forked from
 the caller carries the caller's whole heap, and every fork and exit of a
-scenario process pays for it (page tables copied, pages faulted in and freed):
-one configuration's depth-2 sweep of the triage job took 1.75x as long from a
-caller holding 300 MB of Python objects as from a bare script (16.1 and 17.6 s
-against 28.4 and 29.3 s; ``benchmarks/sweep.py --ballast 300`` measures it).
+scenario process pays for it (page tables copied, pages faulted in and freed).
+From a caller holding 500 MB, one configuration's depth-2 sweep of the triage
+job took a median 29.9 s with forked workers and 19.1 s with fresh ones
+(``benchmarks/sweep.py --ballast 300 --workers both --config "keys honoured"``).
 A test session is such a caller. A worker started here holds only durably, the
 job's own modules and one warm-up run.
 

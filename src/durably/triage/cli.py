@@ -129,6 +129,8 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
     except WorldError as exc:
         errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
         if not resuming:
+            # Whatever of a world was made a moment ago belongs to no run.
+            shutil.rmtree(worlds_dir(state_dir) / run_id, ignore_errors=True)
             errors.print("no run was started", highlight=False)
         return EXIT["failed"]
     except ModelError as exc:
@@ -181,7 +183,6 @@ def _model_spec(asked: str | None, world: World, *, resuming: bool) -> str:
         try:
             chosen.write_text(spec + "\n")
         except OSError as exc:
-            shutil.rmtree(world.root, ignore_errors=True)  # made a moment ago, never started
             raise WorldError(
                 f"{chosen} could not be written ({exc.strerror}); "
                 "free disk space or fix permissions, then try again"
