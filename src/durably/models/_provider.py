@@ -55,7 +55,7 @@ SUMMARY_INTRO = (
 
 CONTEXT_REMEDY = (
     "give the agent a context policy that folds old history into a summary "
-    "(Agent(context_policy=durably.loop.ContextPolicy(max_messages=..., keep=...)), "
+    "(Agent(context_policy=durably.ContextPolicy(max_messages=..., keep=...)), "
     "smaller than the conversation now), or use a model with a larger context window, "
     "then resume the run: it is saved as it was before this turn"
 )
