@@ -7,14 +7,24 @@ import json
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from _models_fakes import M1, close, m1_fake, provider_model, serving
 
-from durably import FileStore, Limits, PolicyApprover, TurnLimit, new_run_id
+from durably import (
+    Delta,
+    FileStore,
+    Limits,
+    ModelRequest,
+    PolicyApprover,
+    Reply,
+    TurnLimit,
+    new_run_id,
+)
 from durably.loop import Event
-from durably.state import AssistantMessage, Phase
+from durably.state import AssistantMessage, Phase, UserMessage
 from durably.triage.agent import build_agent
 from durably.triage.world import World, load_task
 
@@ -141,3 +151,34 @@ def test_a_process_killed_mid_stream_asks_again_exactly_once(tmp_path: Path, pro
     assert fake.turns() == [1, 2, 2, 3]
     assert fake.seen[2].body == fake.seen[1].body  # the same question, byte for byte
     assert [m.turn for m in state.messages if isinstance(m, AssistantMessage)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_streamed_reply_is_the_reply_asked_for_whole(provider: str) -> None:
+    """Turn 1 of m1 streamed and not streamed gives the same text, calls, arguments and usage."""
+    request = ModelRequest(
+        run_id="r",
+        turn=1,
+        system="You triage crash reports.",
+        messages=(UserMessage(text="Triage batch m1."),),
+        tools=(),
+    )
+    pieces: list[Delta] = []
+    request = replace(request, on_delta=pieces.append)
+    fake = m1_fake(provider, cache=False)
+    with serving(fake):
+
+        async def both() -> tuple[Reply, Reply]:
+            streamed = provider_model(provider, fake.base_url)
+            whole = provider_model(provider, fake.base_url, stream=False)
+            try:
+                return await streamed.reply(request), await whole.reply(request)
+            finally:
+                await close(streamed)
+                await close(whole)
+
+        streamed, whole = asyncio.run(both())
+    assert [bool(s.body.get("stream")) for s in fake.seen] == [True, False]
+    assert streamed == whole
+    assert "".join(p.text for p in pieces if p.call_id is None) == whole.text
+    assert [p.call_id for p in pieces if p.call_id] == [c.id for c in whole.calls]
