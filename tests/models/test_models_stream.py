@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _models_fakes import M1, close, m1_fake, provider_model, serving
+from rich.console import Console
 
 from durably import (
     Delta,
@@ -26,6 +28,7 @@ from durably import (
 from durably.loop import Event
 from durably.state import AssistantMessage, Phase, UserMessage
 from durably.triage.agent import build_agent
+from durably.triage.cli import _Live
 from durably.triage.world import World, load_task
 
 PROVIDERS = ("anthropic", "openai")
@@ -182,3 +185,23 @@ def test_a_streamed_reply_is_the_reply_asked_for_whole(provider: str) -> None:
     assert streamed == whole
     assert "".join(p.text for p in pieces if p.call_id is None) == whole.text
     assert [p.call_id for p in pieces if p.call_id] == [c.id for c in whole.calls]
+
+
+def test_the_live_display_shows_streamed_text_on_its_own_line() -> None:
+    """The CLI prints text pieces as they come and ends their line before the turn's summary."""
+    out = io.StringIO()
+    live = _Live(Console(file=out, width=100))
+    for kind, data in [
+        ("text-delta", {"turn": 1, "text": "I'll start "}),
+        ("text-delta", {"turn": 1, "text": "by listing."}),
+        ("arguments-delta", {"turn": 1, "call_id": "c1", "tool": "list_reports", "text": "{}"}),
+        (
+            "reply",
+            {"turn": 1, "text": "I'll start by listing.", "calls": [("c1", "x")], "dollars": 0},
+        ),
+    ]:
+        live(Event(kind=kind, run_id="r", data=data))
+    assert out.getvalue().splitlines() == [
+        "I'll start by listing.",
+        "turn 1 $0.0000 I'll start by listing.",
+    ]
