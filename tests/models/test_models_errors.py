@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,6 +38,7 @@ from durably import (
     new_run_id,
 )
 from durably.loop import ContextPolicy
+from durably.models._provider import _retry_after
 from durably.models.anthropic import Retry
 from durably.state import AssistantMessage, Phase, UserMessage
 from durably.triage.agent import build_agent
@@ -428,3 +432,14 @@ def resume_with_a_context_policy(tmp_path: Path, provider: str, world: World, ru
     content = first_user["content"]
     text = content if isinstance(content, str) else content[0]["text"]
     assert text.startswith("Summary of the earlier part of this conversation")
+
+
+def test_a_retry_after_date_is_read_as_the_seconds_until_it() -> None:
+    """retry-after may be an HTTP date (RFC 9110): the wait is the time left until it."""
+    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=20), usegmt=True)
+    answer = SimpleNamespace(response=SimpleNamespace(headers={"retry-after": when}))
+    wait = _retry_after(answer)
+    assert wait is not None
+    assert 17.0 <= wait <= 20.0
+    garbage = SimpleNamespace(response=SimpleNamespace(headers={"retry-after": "soon"}))
+    assert _retry_after(garbage) is None
