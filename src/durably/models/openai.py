@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
@@ -73,7 +74,15 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
     from openai.types.completion_usage import CompletionUsage
 
-__all__ = ["DEFAULT_MODEL", "ERROR_PREFIX", "OpenAIModel", "Retry", "to_messages", "to_tools"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "ERROR_PREFIX",
+    "OpenAIModel",
+    "Retry",
+    "cache_key",
+    "to_messages",
+    "to_tools",
+]
 
 DEFAULT_MODEL = "gpt-4.1"
 """The model ``durably triage`` uses when only ``OPENAI_API_KEY`` is set (one the price
@@ -191,16 +200,16 @@ def cache_key(model: str, request: ModelRequest) -> str:
     return "durably-" + hashlib.sha256(fixed.encode()).hexdigest()[:32]
 
 
+@dataclass
 class _Answer:
     """A completion's first choice, whether it came whole or as a stream."""
 
-    def __init__(self) -> None:
-        self.text = ""
-        self.refusal = ""
-        self.calls: list[Call] = []
-        self.finish_reason: str | None = None
-        self.usage: CompletionUsage | None = None
-        self.model: str | None = None
+    text: str = ""
+    refusal: str = ""
+    calls: list[Call] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: CompletionUsage | None = None
+    model: str | None = None
 
 
 def _whole(completion: ChatCompletion) -> _Answer:
