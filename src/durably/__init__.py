@@ -44,6 +44,7 @@ from .loop import Limits as Limits
 from .loop import Outcome as Outcome
 from .models import Call as Call
 from .models import CallLog as CallLog
+from .models import Delta as Delta
 from .models import Model as Model
 from .models import ModelRequest as ModelRequest
 from .models import Price as Price
@@ -94,6 +95,7 @@ __all__ = [
     "CheckpointCorrupt",
     "CheckpointTooNew",
     "ContextPolicy",
+    "Delta",
     "DollarLimit",
     "Done",
     "DurablyError",

@@ -40,7 +40,7 @@ from .errors import (
     TurnLimit,
 )
 from .keys import idempotency_key, new_run_id
-from .models import Model, ModelRequest, ToolSpec
+from .models import Delta, Model, ModelRequest, ToolSpec
 from .state import (
     Approval,
     AssistantMessage,
@@ -167,7 +167,8 @@ class Event:
 
     kind: str
     """``started``, ``resumed``, ``reply``, ``call``, ``result``, ``ladder``, ``approval``,
-    ``paused``, ``done``."""
+    ``paused``, ``done``; from a streaming model, before its ``reply``: ``text-delta``
+    (``turn``, ``text``) and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``)."""
     run_id: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -402,6 +403,12 @@ class _Driver:
         if self.agent.observer is not None:
             self.agent.observer(Event(kind=kind, run_id=self.state.run_id, data=data))
 
+    def stream(self, turn: int, delta: Delta) -> None:
+        # To the observer only: a log line per streamed piece would drown the log.
+        if self.agent.observer is not None:
+            data = {"turn": turn, **delta.data()}
+            self.agent.observer(Event(kind=delta.kind, run_id=self.state.run_id, data=data))
+
     def context(self, call: ToolCall, intended: Mapping[str, str] | None = None) -> ToolContext:
         return ToolContext(
             run_id=self.state.run_id,
@@ -490,6 +497,8 @@ class _Driver:
     async def model_turn(self) -> None:
         state, agent = self.state, self.agent
         await self.check_limits()
+        if agent.context_policy is not None and agent.context_policy.apply(state):
+            await self.save("context")  # a policy first given on resume folds history now
         turn = state.turns + 1
         request = ModelRequest(
             run_id=state.run_id,
@@ -501,6 +510,7 @@ class _Driver:
                 for t in agent.tools.values()
             ],
             summary=state.summary,
+            on_delta=lambda delta: self.stream(turn, delta),
         )
         reply = await agent.model.reply(request)
         faults.point("loop.reply_received")

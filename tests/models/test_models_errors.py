@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from _models_fakes import (
     M1,
     SECRET,
+    STREAM_CUT,
+    STREAM_ERROR,
     Answer,
     FakeProvider,
     close,
@@ -32,8 +37,10 @@ from durably import (
     TurnLimit,
     new_run_id,
 )
+from durably.loop import ContextPolicy
+from durably.models._provider import _retry_after
 from durably.models.anthropic import Retry
-from durably.state import Phase, UserMessage
+from durably.state import AssistantMessage, Phase, UserMessage
 from durably.triage.agent import build_agent
 from durably.triage.world import World, load_task
 
@@ -250,3 +257,189 @@ def test_a_model_error_leaves_the_saved_state_as_it_was(tmp_path: Path) -> None:
     with serving(fake):
         asyncio.run(run_then_resume())
     assert fake.turns() == [1, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("provider", "header", "value", "wait"),
+    [("anthropic", "retry-after", "7", 7.0), ("openai", "retry-after-ms", "2500", 2.5)],
+)
+def test_a_rate_limit_waits_as_long_as_the_provider_asks(
+    provider: str, header: str, value: str, wait: float
+) -> None:
+    """429 with retry-after (Anthropic, seconds) or retry-after-ms (OpenAI) sets the wait."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = failing(provider, 429, 1, **{header: value})
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        reply = ask(model)
+    assert [call.name for call in reply.calls] == ["list_reports"]
+    assert sleeps.waits == [wait]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_stream_that_fails_midway_is_asked_again(provider: str) -> None:
+    """An error event, then a connection closed, in the middle of a stream: two waits, one reply."""
+    sleeps = Sleeps()
+    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake.errors[1] = [(200, STREAM_ERROR, {}), (200, STREAM_CUT, {})]
+    with serving(fake):
+        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        reply = ask(model)
+    assert [call.name for call in reply.calls] == ["list_reports"]
+    assert len(fake.seen) == 3
+    assert sleeps.waits == [1.0, 2.0]
+
+
+CUT_ARGUMENTS = '{"title": "Crash when a todo is marked done after'
+"""The start of a file_issue call's arguments, where the output limit cut them."""
+
+
+def too_long(provider: str) -> Answer:
+    """The provider's answer to a prompt longer than the model's context window."""
+    if provider == "anthropic":
+        message = "prompt is too long: 215000 tokens > 200000 maximum"
+        return (
+            400,
+            {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+            {},
+        )
+    error = {
+        "message": "This model's maximum context length is 128000 tokens. However, your "
+        "messages resulted in 130000 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    return 400, {"error": error}, {}
+
+
+def stopped(provider: str, turn: int, how: str) -> dict[str, Any]:
+    """Recorded turn ``turn`` stopped by the provider: ``refusal`` or ``cut`` mid-arguments."""
+    answer = recorded_answer(provider, recorded_turns())(turn)
+    if provider == "anthropic":
+        if how == "refusal":
+            answer["content"] = [{"type": "text", "text": "I can't help with that."}]
+            answer["stop_reason"] = "refusal"
+        else:
+            first = next(b for b in answer["content"] if b["type"] == "tool_use")
+            text = [b for b in answer["content"] if b["type"] == "text"]
+            answer["content"] = [*text, {**first, "partial_json": CUT_ARGUMENTS}]
+            answer["stop_reason"] = "max_tokens"
+        return answer
+    choice = answer["choices"][0]
+    if how == "refusal":
+        choice["message"] = {"role": "assistant", "content": None}
+        choice["finish_reason"] = "content_filter"
+    else:
+        first = choice["message"]["tool_calls"][0]
+        first["function"]["arguments"] = CUT_ARGUMENTS
+        choice["message"]["tool_calls"] = [first]
+        choice["finish_reason"] = "length"
+    return answer
+
+
+EXPECTED = {
+    "context": ("context window", "context_policy"),
+    "overloaded": ("overloaded", "after 2 attempts", "resume it later"),
+    "refusal": ("refused to answer", "change the task"),
+    "cut": ("cut off at", "in the middle of the arguments", "was not run", "larger max_tokens"),
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
+    tmp_path: Path, provider: str, kind: str
+) -> None:
+    """Context overflow, overload, refusal or a cut-off call: a ModelError saying what to do,
+    four saved turns, no issue filed; a context overflow resumed with a policy finishes."""
+    world = World.create(tmp_path / "world", M1)
+    store_dir = tmp_path / "runs"
+    run_id = new_run_id(M1)
+    recorded = recorded_answer(provider, recorded_turns())
+    failure = kind in ("refusal", "cut")
+    fake = FakeProvider(
+        provider,
+        lambda turn: stopped(provider, turn, kind) if failure and turn == 5 else recorded(turn),
+    )
+    if kind == "context":
+        fake.errors[5] = [too_long(provider)]
+    elif kind == "overloaded":
+        fake.errors[5] = failing(provider, OVERLOADED[provider], 2, **{"retry-after": "3"})
+    sleeps = Sleeps()
+    store = FileStore(store_dir)
+    with serving(fake):
+        retry = Retry(attempts=2, sleep=sleeps, jitter=no_jitter)
+        model = provider_model(provider, fake.base_url, retry=retry)
+        agent = build_agent(world=world, store=store, approver=PolicyApprover(), model=model)
+
+        async def run() -> None:
+            try:
+                await agent.run(load_task(M1).description, run_id=run_id)
+            finally:
+                await close(model)
+
+        try:
+            with pytest.raises(ModelError) as raised:
+                asyncio.run(run())
+            state = store.read_sync(run_id)
+        finally:
+            store.close()
+    message = str(raised.value)
+    print(f"\n{provider} {kind}: {message}")
+    for words in EXPECTED[kind]:
+        assert words in message
+    assert fake.turns().count(5) == (2 if kind == "overloaded" else 1)
+    assert sleeps.waits == ([3.0] if kind == "overloaded" else [])
+    assert (state.turns, state.phase, state.stop_reason) == (4, Phase.MODEL, None)
+    assert [m.turn for m in state.messages if isinstance(m, AssistantMessage)] == [1, 2, 3, 4]
+    assert world.tracker().issues() == []  # the cut-off file_issue call never ran
+    if kind == "context":
+        resume_with_a_context_policy(tmp_path, provider, world, run_id)
+
+
+def resume_with_a_context_policy(tmp_path: Path, provider: str, world: World, run_id: str) -> None:
+    """Resume a run that overflowed the context window, with a policy: it sends less, and ends."""
+    final = recorded_answer(provider, recorded_turns())(11)
+    fake = FakeProvider(provider, lambda turn: final)
+    store = FileStore(tmp_path / "runs")
+    with serving(fake):
+        model = provider_model(provider, fake.base_url)
+        agent = build_agent(
+            world=World.open(world.root),
+            store=store,
+            approver=PolicyApprover(),
+            model=model,
+        )
+        agent.context_policy = ContextPolicy(max_messages=6, keep=3)
+
+        async def resume() -> None:
+            try:
+                await agent.resume(run_id)
+            finally:
+                await close(model)
+
+        try:
+            asyncio.run(resume())
+            state = store.read_sync(run_id)
+        finally:
+            store.close()
+    assert state.phase is Phase.DONE
+    assert state.summary is not None
+    sent = fake.seen[0].body["messages"]
+    first_user = next(m for m in sent if m["role"] == "user")
+    content = first_user["content"]
+    text = content if isinstance(content, str) else content[0]["text"]
+    assert text.startswith("Summary of the earlier part of this conversation")
+
+
+def test_a_retry_after_date_is_read_as_the_seconds_until_it() -> None:
+    """retry-after may be an HTTP date (RFC 9110): the wait is the time left until it."""
+    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=20), usegmt=True)
+    answer = SimpleNamespace(response=SimpleNamespace(headers={"retry-after": when}))
+    wait = _retry_after(answer)
+    assert wait is not None
+    assert 17.0 <= wait <= 20.0
+    garbage = SimpleNamespace(response=SimpleNamespace(headers={"retry-after": "soon"}))
+    assert _retry_after(garbage) is None

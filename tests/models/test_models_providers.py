@@ -14,9 +14,9 @@ from _models_fakes import (
     SECRET,
     FakeProvider,
     close,
+    m1_fake,
     openai_call_id,
     provider_model,
-    recorded_answer,
     recorded_turns,
     serving,
 )
@@ -44,7 +44,7 @@ def run_m1(tmp_path: Path, provider: str) -> Finished:
     """Run m1 to its end with the real SDK client talking to a fake provider."""
     world = World.create(tmp_path / "world", M1)
     store_dir = tmp_path / "runs"
-    fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
+    fake = m1_fake(provider)
     with serving(fake):
         model = provider_model(provider, fake.base_url, log=world.model_log)
         store = FileStore(store_dir)
@@ -109,7 +109,13 @@ def test_m1_through_the_real_sdk_passes_all_sixteen_checks(finished: Finished) -
     assert not failing, "\n".join(failing)
     recorded = recorded_turns()
     assert finished.fake.turns() == list(range(1, len(recorded) + 1))
-    assert finished.outcome.state.usage == sum((t.usage for t in recorded), Usage())
+    usage = finished.outcome.state.usage
+    recorded_usage = sum((t.usage for t in recorded), Usage())
+    prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    assert (prompt, usage.output_tokens) == (
+        recorded_usage.input_tokens,
+        recorded_usage.output_tokens,
+    )
 
 
 def test_every_request_carries_the_tool_schemas(finished: Finished) -> None:
@@ -225,7 +231,9 @@ def test_no_harness_data_reaches_the_model(finished: Finished) -> None:
         assert finished.outcome.state.run_id not in json.dumps(seen.body)
         assert SECRET not in json.dumps(seen.body)
         assert str(finished.world.root) not in json.dumps(seen.body)
-        assert set(seen.body) <= {"model", "max_tokens", "messages", "system", "tools"}
+        allowed = {"model", "max_tokens", "messages", "system", "tools", "stream"}
+        allowed |= {"stream_options", "prompt_cache_key"}
+        assert set(seen.body) <= allowed
 
 
 def test_tool_results_carry_no_idempotency_key(finished: Finished) -> None:

@@ -5,6 +5,11 @@ the tool schemas, the turn number) and returns a :class:`Reply`: text, tool
 calls with the model's call IDs and raw argument strings, and usage. A model
 call has no side effect, so adapters may retry transient failures inside it.
 
+A model that streams hands each piece of the reply, as it arrives, to the
+request's ``on_delta`` as a :class:`Delta`; the reply it returns is still the
+whole reply, and only that is saved. Pieces of an attempt that failed are not
+taken back: a listener shows them, it never keeps them.
+
 :class:`ScriptedModel` answers from a list given in code, by turn, so a resumed
 run in a new process continues the script. It can log every call it answers to
 a file, which is how tests count replies paid twice across processes.
@@ -25,6 +30,7 @@ from ..state import Message, Usage
 __all__ = [
     "Call",
     "CallLog",
+    "Delta",
     "Model",
     "ModelRequest",
     "Price",
@@ -82,6 +88,29 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Delta:
+    """A piece of a reply, as the model writes it (streaming)."""
+
+    text: str
+    """The new characters: of the reply's text, or of one call's raw argument string."""
+    call_id: str | None = None
+    """The call whose arguments ``text`` continues; None for the reply's text."""
+    tool: str | None = None
+    """The called tool's name, with ``call_id``."""
+
+    @property
+    def kind(self) -> str:
+        """The loop's event kind for this piece: ``text-delta`` or ``arguments-delta``."""
+        return "text-delta" if self.call_id is None else "arguments-delta"
+
+    def data(self) -> dict[str, Any]:
+        """The piece as an event's data."""
+        if self.call_id is None:
+            return {"text": self.text}
+        return {"call_id": self.call_id, "tool": self.tool, "text": self.text}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelRequest:
     """Everything a model needs for one turn."""
 
@@ -93,6 +122,8 @@ class ModelRequest:
     tools: Sequence[ToolSpec]
     summary: str | None = None
     """The context policy's summary of dropped history, to be sent before ``messages``."""
+    on_delta: Callable[[Delta], None] | None = field(default=None, compare=False, repr=False)
+    """Called with each piece of the reply as it streams in, when the model streams."""
 
 
 @runtime_checkable

@@ -12,10 +12,15 @@ a provider changes one, change it here, and pass ``price=`` meanwhile.
 Notes on the figures:
 
 - Anthropic: ``cache_write`` is the 5-minute cache write (1.25 x input),
-  ``cache_read`` the cache hit (0.1 x input). Sonnet's long-context rate
-  (prompts over 200k tokens) is not modelled; durably's runs stay far below it.
-- OpenAI: ``cache_read`` is the cached-input price. OpenAI does not charge
-  extra for writing its cache, so ``cache_write`` equals ``input``.
+  ``cache_read`` the cache hit (0.1 x input): the "5m cache writes" and "cache
+  hits & refreshes" columns of anthropic.com/pricing, and the multipliers of
+  the prompt-caching guide (docs.anthropic.com, "Prompt caching", "Pricing").
+  durably's breakpoints use the default 5-minute cache, never the 1-hour one
+  (2 x input to write). Sonnet's long-context rate (prompts over 200k tokens)
+  is not modelled; durably's runs stay far below it.
+- OpenAI: ``cache_read`` is the "Cached input" column of openai.com/api/pricing.
+  OpenAI does not charge extra for writing its cache (its prompt-caching guide:
+  "no additional fees"), so ``cache_write`` equals ``input``.
 
 Dated snapshots (``claude-sonnet-4-5-20250929``, ``gpt-4.1-2025-04-14``) are
 priced as their alias, except snapshots known to differ (the first ``gpt-4o``).

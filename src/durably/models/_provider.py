@@ -1,21 +1,29 @@
 """What the provider adapters share: retries, error translation, small codecs.
 
 A model call has no side effect, so a transient failure (rate limit, overload,
-timeout, a 5xx) is retried inside the call, with exponential backoff and
-jitter, a bounded number of times. Everything else becomes a
-:class:`~durably.ModelError` at once, with a remedy. The SDKs' own retries are
+timeout, a 5xx, an error event in the middle of a stream) is retried inside the
+call, with exponential backoff and jitter, a bounded number of times, waiting
+at least as long as the provider's ``retry-after`` asks. Everything else becomes
+a :class:`~durably.ModelError` at once, with a remedy. The SDKs' own retries are
 switched off (``max_retries=0``) so that this is the only retry and tests can
 drive it with a fake sleep.
+
+The errors a user meets in a long run each get their own remedy: a conversation
+longer than the model's context window (a context policy), a reply refused by
+the provider, and a reply cut off at the output limit, in the middle of a tool
+call's arguments or not (the partial call is never run: nothing is saved).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
@@ -25,12 +33,16 @@ from . import CallLog, Price
 from ._pricing import price_of
 
 __all__ = [
+    "CONTEXT_REMEDY",
     "SUMMARY_INTRO",
     "Failure",
     "Retry",
+    "StreamCut",
     "canonical_json",
     "classify_sdk_error",
+    "cut_off",
     "parse_object",
+    "refused",
     "with_retries",
 ]
 
@@ -39,6 +51,51 @@ SUMMARY_INTRO = (
     "save context):\n\n"
 )
 """Opens the user message that carries the context policy's summary."""
+
+
+CONTEXT_REMEDY = (
+    "give the agent a context policy that folds old history into a summary "
+    "(Agent(context_policy=durably.ContextPolicy(max_messages=..., keep=...)), "
+    "smaller than the conversation now), or use a model with a larger context window, "
+    "then resume the run: it is saved as it was before this turn"
+)
+"""What to do when the conversation no longer fits the model."""
+
+_SAVED = "the run is saved as it was before this turn"
+
+
+def cut_off(provider: str, *, limit: str, partial: tuple[str, str] | None, knob: str) -> ModelError:
+    """The error for a reply stopped by the output limit.
+
+    Args:
+        provider: the provider's name.
+        limit: the limit as the request set it, e.g. ``max_tokens=4096``.
+        partial: (call ID, tool name) of a call whose arguments were cut off, if any.
+        knob: the adapter argument that raises the limit.
+    """
+    where = (
+        f" in the middle of the arguments of call {partial[0]!r} to {partial[1]!r} "
+        "(that call was not run)"
+        if partial is not None
+        else ""
+    )
+    return ModelError(
+        provider=provider,
+        reason=f"the reply was cut off at {limit}{where}",
+        remedy=f"build the model with a larger {knob} and resume the run; {_SAVED}",
+    )
+
+
+def refused(provider: str, *, detail: str) -> ModelError:
+    """The error for a reply the provider refused to give (a safety refusal, a content filter)."""
+    return ModelError(
+        provider=provider,
+        reason=f"the provider refused to answer ({detail})",
+        remedy=(
+            "change the task or the tool results that triggered the refusal; resuming "
+            f"asks again with the same conversation and is likely refused again; {_SAVED}"
+        ),
+    )
 
 
 def canonical_json(value: Any) -> str:
@@ -60,6 +117,10 @@ def parse_object(raw: str) -> dict[str, Any]:
 
 
 _T = TypeVar("_T")
+
+
+class StreamCut(Exception):
+    """A stream ended before the reply did (the connection closed early): asked again."""
 
 
 def _jitter(low: float, high: float) -> float:
@@ -131,13 +192,56 @@ async def with_retries(
 
 
 def _retry_after(exc: Any) -> float | None:
+    """The wait the provider asked for, in seconds: ``retry-after-ms`` or ``retry-after``.
+
+    ``retry-after`` may be seconds or an HTTP date (RFC 9110, section 10.2.3); OpenAI
+    also sends ``retry-after-ms``, which the openai SDK prefers, and so do we.
+    """
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
-    value = headers.get("retry-after") if headers is not None else None
+    if headers is None:
+        return None
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
     try:
-        return float(value) if value is not None else None
+        return max(0.0, float(value))
     except ValueError:
-        return None  # an HTTP date: fall back to our own backoff
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+# Words with which the providers say a prompt is longer than the model's window:
+# Anthropic "prompt is too long: N tokens > M maximum"; OpenAI code
+# "context_length_exceeded", "maximum context length is N tokens".
+_TOO_LONG = ("prompt is too long", "context_length_exceeded", "maximum context length")
+
+
+def _error_body(exc: Any) -> tuple[str | None, str | None, str]:
+    """(type, code, message) of a provider error body, whichever shape it has."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]  # Anthropic wraps it: {"type": "error", "error": {...}}
+    if not isinstance(body, dict):
+        return None, None, str(getattr(exc, "message", "") or exc)
+    kind, code, message = body.get("type"), body.get("code"), body.get("message")
+    return (
+        kind if isinstance(kind, str) else None,
+        code if isinstance(code, str) else None,
+        message if isinstance(message, str) else str(getattr(exc, "message", "") or exc),
+    )
 
 
 def classify_sdk_error(
@@ -161,10 +265,38 @@ def classify_sdk_error(
             reason=f"could not reach the API ({exc})",
             remedy=f"check the network and the base URL; {wait}",
         )
-    if not isinstance(exc, sdk.APIStatusError):
+    if isinstance(exc, StreamCut):
+        return Failure(transient=True, reason=f"the stream was cut ({exc})", remedy=wait)
+    if not isinstance(exc, sdk.APIError):
         return None
-    status: int = exc.status_code
-    said = str(getattr(exc, "message", "") or exc)[:300]
+    kind, code, message = _error_body(exc)
+    said = message[:300]
+    mid_stream = not isinstance(exc, sdk.APIStatusError) or exc.status_code == 200
+    status: int = 200 if mid_stream else exc.status_code
+    if status in (200, 400, 413) and (
+        code == "context_length_exceeded" or any(w in said.lower() for w in _TOO_LONG)
+    ):
+        return Failure(
+            transient=False,
+            reason=f"the conversation is longer than the model's context window ({said})",
+            remedy=CONTEXT_REMEDY,
+        )
+    if mid_stream:
+        # An error event in the middle of a stream: the HTTP status was 200 and the body
+        # names the error (Anthropic "overloaded_error", OpenAI "server_error"). Only a
+        # refusal of the request itself is final; anything else is the provider failing.
+        if kind == "invalid_request_error":
+            return Failure(
+                transient=False,
+                reason=f"the provider refused the request mid-stream ({said})",
+                remedy="durably built a request the provider does not accept: report it",
+            )
+        return Failure(
+            transient=True,
+            reason=f"the stream failed ({kind or code or 'error'}: {said})",
+            remedy=wait,
+            retry_after=_retry_after(exc),
+        )
     if status == 401:
         return Failure(
             transient=False,
@@ -208,8 +340,8 @@ def classify_sdk_error(
         transient=False,
         reason=f"the provider refused the request ({status}: {said})",
         remedy=(
-            "the conversation may be too long for the model, or durably built a request "
-            "the provider does not accept: report it with the run's checkpoint"
+            "durably built a request the provider does not accept: report it with the "
+            "run's checkpoint"
         ),
     )
 

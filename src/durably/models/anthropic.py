@@ -1,7 +1,7 @@
 """Anthropic's Messages API as a durably :class:`~durably.Model`.
 
-:class:`AnthropicModel` sends a :class:`~durably.ModelRequest` with
-``anthropic.AsyncAnthropic().messages.create`` and turns the answer into a
+:class:`AnthropicModel` sends a :class:`~durably.ModelRequest` through
+``anthropic.AsyncAnthropic().messages`` and turns the answer into a
 :class:`~durably.Reply`. The ``anthropic`` package is imported when a model is
 built, never by ``import durably`` (install the ``durably[anthropic]`` extra).
 
@@ -15,36 +15,54 @@ How durably's conversation maps to the Messages API:
   consecutive blocks of one role are merged into one turn, as the API requires;
 - tools are sent with their JSON Schema as ``input_schema``.
 
+Prompt caching (``cache=True``, the default) marks three cache breakpoints
+(``cache_control``), of the four the API allows: the end of the tools and
+system prompt, the end of the previous turn's request (its last block, which
+this request repeats), and the end of this request. Each turn therefore reads
+everything the previous turn sent from the cache and writes only what is new.
+The request is built from the saved state alone, so a resumed run sends the
+same bytes the dead process sent and still hits the cache.
+
+Streaming (``stream=True``, the default) hands text and tool-call arguments to
+``request.on_delta`` as they arrive; the reply is returned whole, when the
+stream has ended, and only then can the loop save it.
+
 Call IDs are Anthropic's (``toolu_...``). Anthropic returns a call's arguments
 already parsed (``input``); durably stores the canonical serialisation
 ``json.dumps(input, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
 and sends it back parsed. Usage maps ``input_tokens``/``output_tokens`` and
 ``cache_read_input_tokens``/``cache_creation_input_tokens`` (cache read and write).
 
-Transient failures (429, 5xx, 529 overloaded, timeouts, connection errors) are
-retried inside :meth:`AnthropicModel.reply` (see :class:`Retry`); the client's
-own retries are switched off. A reply cut off at ``max_tokens`` is a
-``ModelError``: the run stays where it was and can be resumed with a larger
-``max_tokens``.
+Transient failures (429, 5xx, 529 overloaded, an error event mid-stream,
+timeouts, connection errors) are retried inside :meth:`AnthropicModel.reply`
+(see :class:`Retry`); the client's own retries are switched off. A reply cut
+off at ``max_tokens`` (even in the middle of a call's arguments), refused
+(``stop_reason`` ``refusal``) or stopped by the context window is a
+``ModelError``: nothing of it is saved, and the run can be resumed once the
+cause is fixed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ModelError
 from ..state import AssistantMessage, ToolResult, Usage, UserMessage
-from . import Call, CallLog, ModelRequest, Price, Reply, ToolSpec
+from . import Call, CallLog, Delta, ModelRequest, Price, Reply, ToolSpec
 from ._provider import (
+    CONTEXT_REMEDY,
     SUMMARY_INTRO,
     Failure,
     ProviderModel,
     Retry,
+    StreamCut,
     canonical_json,
     classify_sdk_error,
+    cut_off,
     parse_object,
+    refused,
     with_retries,
 )
 
@@ -52,7 +70,14 @@ if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
     from anthropic.types import Message
 
-__all__ = ["DEFAULT_MODEL", "AnthropicModel", "Retry", "to_messages", "to_tools"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "AnthropicModel",
+    "Retry",
+    "cache_breakpoints",
+    "to_messages",
+    "to_tools",
+]
 
 DEFAULT_MODEL = "claude-haiku-4-5"
 """The model ``durably triage`` uses when only ``ANTHROPIC_API_KEY`` is set: a current
@@ -60,6 +85,7 @@ model whose list price the price table knows."""
 
 _PROVIDER = "anthropic"
 _KEY_ENV = "ANTHROPIC_API_KEY"
+_EPHEMERAL = {"type": "ephemeral"}
 
 
 class AnthropicModel(ProviderModel):
@@ -75,6 +101,8 @@ class AnthropicModel(ProviderModel):
             not in it must be priced here).
         log: a :class:`~durably.CallLog` (or its path) recording every call paid for.
         retry: how transient failures are retried.
+        cache: mark prompt-cache breakpoints, so each turn reads the last one's prefix.
+        stream: stream the reply, handing its pieces to ``request.on_delta``.
 
     Raises:
         ModelError: the model has no known price, or no credentials were found.
@@ -91,9 +119,13 @@ class AnthropicModel(ProviderModel):
         price: Price | None = None,
         log: CallLog | str | os.PathLike[str] | None = None,
         retry: Retry | None = None,
+        cache: bool = True,
+        stream: bool = True,
     ) -> None:
         super().__init__(model, price=price, log=log, retry=retry)
         self.max_tokens = max_tokens
+        self.cache = cache
+        self.stream = stream
         self.client = _client(client)
 
     async def reply(self, request: ModelRequest) -> Reply:
@@ -105,15 +137,22 @@ class AnthropicModel(ProviderModel):
         """
         import anthropic
 
+        messages = to_messages(request)
+        tools = to_tools(request.tools)
+        system: list[dict[str, Any]] = (
+            [{"type": "text", "text": request.system}] if request.system else []
+        )
+        if self.cache:
+            cache_breakpoints(tools, system, messages)
         params: dict[str, Any] = {
             "model": self._model,
             "max_tokens": self.max_tokens,
-            "messages": to_messages(request),
+            "messages": messages,
         }
-        if request.system:
-            params["system"] = request.system
-        if request.tools:
-            params["tools"] = to_tools(request.tools)
+        if system:
+            params["system"] = system
+        if tools:
+            params["tools"] = tools
 
         def classify(exc: Exception) -> Failure | None:
             return classify_sdk_error(
@@ -121,6 +160,8 @@ class AnthropicModel(ProviderModel):
             )
 
         async def call() -> Message:
+            if self.stream:
+                return await _streamed(self.client, params, request.on_delta)
             # Without stream=True the answer is a whole response; the SDK's overloads
             # cannot see that through **params.
             return cast("Message", await self.client.messages.create(**params))
@@ -129,6 +170,29 @@ class AnthropicModel(ProviderModel):
         if self.log is not None:
             self.log.append(request.run_id, request.turn)
         return _to_reply(message, max_tokens=self.max_tokens)
+
+
+async def _streamed(
+    client: AsyncAnthropic, params: dict[str, Any], on_delta: Callable[[Delta], None] | None
+) -> Message:
+    """The whole message, read from a stream whose pieces go to ``on_delta`` as they come."""
+    calls: dict[int, tuple[str, str]] = {}
+    async with client.messages.stream(**params) as stream:
+        async for event in stream:
+            if on_delta is None:
+                continue
+            if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                calls[event.index] = (event.content_block.id, event.content_block.name)
+            elif event.type == "content_block_delta":
+                if event.delta.type == "text_delta":
+                    on_delta(Delta(text=event.delta.text))
+                elif event.delta.type == "input_json_delta" and event.index in calls:
+                    call_id, tool = calls[event.index]
+                    on_delta(Delta(text=event.delta.partial_json, call_id=call_id, tool=tool))
+        message = await stream.get_final_message()
+    if message.stop_reason is None:
+        raise StreamCut("it ended without a stop_reason")
+    return message
 
 
 def _client(client: AsyncAnthropic | None) -> AsyncAnthropic:
@@ -191,6 +255,29 @@ def to_messages(request: ModelRequest) -> list[dict[str, Any]]:
     return turns
 
 
+def cache_breakpoints(
+    tools: list[dict[str, Any]], system: list[dict[str, Any]], messages: list[dict[str, Any]]
+) -> None:
+    """Mark the request's prompt-cache breakpoints (``cache_control``), in place.
+
+    Three of the four the API allows: the end of the tools and system prompt
+    (they never change within a run); the last block of the user turn before the
+    last assistant turn, which is where the previous turn's request ended (so a
+    reply with many calls, more blocks than the API looks back over, still
+    finds it); and the last block of the request. The marks themselves are not
+    part of what is cached, so moving them from turn to turn keeps the prefix.
+    """
+    static = system[-1] if system else (tools[-1] if tools else None)
+    if static is not None:
+        static["cache_control"] = dict(_EPHEMERAL)
+    if not messages:
+        return
+    assistants = [i for i, turn in enumerate(messages) if turn["role"] == "assistant"]
+    if assistants and assistants[-1] > 0:
+        messages[assistants[-1] - 1]["content"][-1]["cache_control"] = dict(_EPHEMERAL)
+    messages[-1]["content"][-1]["cache_control"] = dict(_EPHEMERAL)
+
+
 def to_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     """Tool specs as Messages API tool definitions."""
     return [
@@ -200,11 +287,21 @@ def to_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
 
 def _to_reply(message: Message, *, max_tokens: int) -> Reply:
-    if message.stop_reason == "max_tokens":
+    stop = message.stop_reason
+    if stop == "max_tokens":
+        last = message.content[-1] if message.content else None
+        partial = (last.id, last.name) if last is not None and last.type == "tool_use" else None
+        raise cut_off(
+            _PROVIDER, limit=f"max_tokens={max_tokens}", partial=partial, knob="max_tokens"
+        )
+    if stop == "refusal":
+        raise refused(_PROVIDER, detail="stop_reason 'refusal'")
+    if stop == "model_context_window_exceeded":
         raise ModelError(
             provider=_PROVIDER,
-            reason=f"the reply was cut off at max_tokens={max_tokens}",
-            remedy="build the model with a larger max_tokens and resume the run",
+            reason="the reply was cut off by the model's context window "
+            "(stop_reason 'model_context_window_exceeded')",
+            remedy=CONTEXT_REMEDY,
         )
     texts: list[str] = []
     calls: list[Call] = []

@@ -45,9 +45,17 @@ class _Live:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.effects: dict[str, str] = {}
+        self.streaming = False
 
     def __call__(self, event: Event) -> None:
         data, say = event.data, self.console.print
+        if event.kind == "text-delta":  # a streaming model's text, as it is written
+            say(data["text"], end="", style="dim", markup=False, highlight=False)
+            self.streaming = True
+            return
+        if self.streaming and event.kind != "arguments-delta":
+            say()
+            self.streaming = False
         if event.kind == "reply":
             calls = data["calls"]
             text = (data.get("text") or "").strip().splitlines()
