@@ -162,9 +162,32 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
     return unreadable
 
 
+def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
+    """The run ``given`` names, as git names commits: a whole ID, or the start of only one.
+
+    Returns the run ID, or every run ID ``given`` starts when there is more than
+    one. A prefix of none is returned as given, so reading it fails naming it.
+    """
+    runs = store.list_runs_sync()
+    if given in runs:
+        return given
+    matches = [run for run in runs if run.startswith(given)]
+    if len(matches) > 1:
+        return matches
+    return matches[0] if matches else given
+
+
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
     store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
-    state = store.read_sync(args.run)
+    run = run_by_prefix(store, args.run)
+    if isinstance(run, list):
+        errors.print(
+            f"error: {args.run!r} starts {len(run)} run IDs: {', '.join(run)}; give more of the ID",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return EXIT["usage"]
+    state = store.read_sync(run)
     if args.json:
         sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
     else:
@@ -416,7 +439,9 @@ def _parser() -> argparse.ArgumentParser:
     triage = commands.add_parser(
         "triage", help="run (or resume) the reference triage agent", epilog=_EPILOG
     )
-    triage.add_argument("--task", default="m1-done-after-delete", help="task name")
+    triage.add_argument(
+        "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
+    )
     state_option(triage)
     triage.add_argument("--run", help="resume this run ID instead of the task's unfinished run")
     triage.add_argument(
@@ -450,7 +475,7 @@ def _parser() -> argparse.ArgumentParser:
     triage.set_defaults(handler=_cmd_triage)
 
     show_cmd = commands.add_parser("show", help="show one run's checkpoint")
-    show_cmd.add_argument("run", help="run ID")
+    show_cmd.add_argument("run", help="run ID, or its start if no other run ID starts so")
     state_option(show_cmd)
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
@@ -458,7 +483,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser(
         "sweep", help="crash the triage agent at every crash point and count what went wrong"
     )
-    sweep.add_argument("--task", default="m1-done-after-delete", help="task name")
+    sweep.add_argument(
+        "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
+    )
     sweep.add_argument("--depth", type=int, choices=(1, 2), default=2)
     sweep.add_argument(
         "--config",
