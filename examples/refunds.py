@@ -24,7 +24,9 @@ class Payments:
         refunds = self._refunds()
         if idempotency_key not in refunds:  # a repeated key gets the first answer
             refunds[idempotency_key] = f"refund {len(refunds) + 1}: {cents} cents, {order_id}"
-            self.path.write_text(json.dumps(refunds))
+            temp = self.path.with_suffix(".tmp")  # a kill mid-write leaves the old file whole
+            temp.write_text(json.dumps(refunds))
+            temp.replace(self.path)
         return refunds[idempotency_key]
 
     async def search(self, *, idempotency_key: str) -> str | None:
@@ -45,7 +47,7 @@ async def refund(ctx: ToolContext, order_id: str, cents: int) -> str:
     return await payments.refund(order_id, cents, idempotency_key=ctx.idempotency_key)
 
 
-# A stand-in for a real model (durably.models has Anthropic and OpenAI adapters).
+# A scripted stand-in; a real one: durably.models.anthropic.AnthropicModel("claude-haiku-4-5")
 model = durably.ScriptedModel(
     [
         Reply(calls=[Call(id="c1", name="refund", arguments='{"order_id": "1042", "cents": 500}')]),

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,19 +25,24 @@ def readme_programs() -> dict[str, str]:
 
 
 def run_example(
-    path: Path, cwd: Path, *, stdin: str = "", crash_at: str | None = None
+    path: Path, cwd: Path, *, stdin: str = "", plan: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run an example as a script in ``cwd``; with ``crash_at``, SIGKILL it at that crash point."""
+    """Run an example as a script in ``cwd``.
+
+    ``plan`` is the keyword arguments of a ``faults.CrashPlan`` to run it under
+    (``label='loop.saved.reply', occurrence=2``: SIGKILL there); every crash point
+    reached goes to stderr as a JSON list when the program ends.
+    """
     command = [sys.executable, str(path)]
-    if crash_at is not None:
+    if plan is not None:
         command = [
             sys.executable,
             "-c",
-            "import runpy, sys\n"
+            "import json, runpy, sys\n"
             "from durably import faults\n"
-            "with faults.installed(faults.CrashPlan(label=sys.argv[1])):\n"
-            "    runpy.run_path(sys.argv[2], run_name='__main__')\n",
-            crash_at,
+            f"with faults.installed(faults.CrashPlan({plan})) as plan:\n"
+            "    runpy.run_path(sys.argv[1], run_name='__main__')\n"
+            "print(json.dumps(plan.reached), file=sys.stderr)\n",
             str(path),
         ]
     return subprocess.run(
@@ -89,7 +95,7 @@ def test_the_refund_example_killed_after_the_refund_finds_its_run_and_refunds_on
     the caller's ID, and the rerun settles the call with the same key, so one refund exists."""
     example = ROOT / "examples" / "refunds.py"
 
-    crashed = run_example(example, tmp_path, stdin="y\n", crash_at="loop.tool_returned:refund")
+    crashed = run_example(example, tmp_path, stdin="y\n", plan="label='loop.tool_returned:refund'")
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
     listed = subprocess.run(
         [sys.executable, "-m", "durably", "runs", "--state", "refund-demo"],
@@ -112,3 +118,37 @@ def test_the_refund_example_killed_after_the_refund_finds_its_run_and_refunds_on
     assert resumed.stdout == "refund-order-1042: done: Order 1042 is refunded.\n"
     refunds = json.loads((tmp_path / "refund-demo" / "payments.json").read_text())
     assert list(refunds.values()) == ["refund 1: 500 cents, 1042"]
+
+
+@pytest.mark.slow
+def test_the_refund_example_killed_at_every_point_of_the_loop_ends_with_one_refund(
+    tmp_path: Path,
+) -> None:
+    """Killed by SIGKILL at each of the loop's crash points in turn (every save point, each
+    reply's arrival, the refund's return) and run again, the refund example ends done,
+    with exactly one refund at the service. (The stores' own crash points have their tests.)"""
+    example = ROOT / "examples" / "refunds.py"
+    recorded = run_example(example, tmp_path, stdin="y\n", plan="")
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    reached = json.loads(recorded.stderr.splitlines()[-1])
+    seen: Counter[str] = Counter()
+    points = []
+    for label in reached:
+        seen[label] += 1
+        if label.startswith("loop."):
+            points.append((label, seen[label]))
+    assert {"loop.saved.attempt", "loop.tool_returned:refund", "loop.saved.result"} <= seen.keys()
+
+    for label, occurrence in points:
+        world = tmp_path / f"{label}-{occurrence}"
+        world.mkdir()
+        plan = f"label={label!r}, occurrence={occurrence}"
+        first = run_example(example, world, stdin="y\n", plan=plan)
+        assert first.returncode == -signal.SIGKILL, f"{plan}: {first.stdout}{first.stderr}"
+        # A kill before the yes was saved asks again; a kill after it asks nothing.
+        again = run_example(example, world, stdin="y\n")
+
+        assert again.returncode == 0, f"{plan}: {again.stdout}{again.stderr}"
+        assert again.stdout.endswith("refund-order-1042: done: Order 1042 is refunded.\n")
+        refunds = json.loads((world / "refund-demo" / "payments.json").read_text())
+        assert list(refunds.values()) == ["refund 1: 500 cents, 1042"], plan
