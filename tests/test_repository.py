@@ -71,3 +71,40 @@ def test_what_the_readme_commands_write_in_a_checkout_is_ignored() -> None:
     ]
     assert unignored == [], result.stdout
     assert len(result.stdout.splitlines()) == len(written)
+
+
+def fake_bin(tmp_path: Path, *, venv_module: bool) -> Path:
+    """A PATH directory whose ``python3.11`` has (or lacks) ensurepip and whose user is not root."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python3.11"
+    # Debian's python3.11 without python3.11-venv: the interpreter runs, ensurepip is absent.
+    python.write_text(f"#!/bin/sh\nexit {0 if venv_module else 1}\n")
+    uid = bin_dir / "id"
+    uid.write_text("#!/bin/sh\necho 1000\n")  # not root: the script names what it would install
+    for tool in (python, uid):
+        tool.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("venv_module", [False, True])
+def test_the_demo_system_step_looks_for_the_venv_module_not_only_the_interpreter(
+    tmp_path: Path, venv_module: bool
+) -> None:
+    """On a bare Debian 12, python3.11 exists without its venv module: the demo's system
+    step asks for python3.11-venv then, and asks for nothing once it is there."""
+    bin_dir = fake_bin(tmp_path, venv_module=venv_module)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "system-deps"), "demo"],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+    if venv_module:
+        assert (result.returncode, result.stderr) == (0, "")
+    else:
+        assert result.returncode == 1
+        assert result.stderr.startswith("missing: python3.11-venv;")
