@@ -1,7 +1,22 @@
 # The two commands the README opens with: `make demo` and `make test`.
+#
+# Each starts with the system step (scripts/system-deps), then makes .venv: on a
+# machine with only python3 and make, the system step installs the Python 3.11
+# venv module the virtualenv is made with (and, for the tests, strace and
+# PostgreSQL). `make -n demo` and `make -n test` show that order.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+
+# The system step must finish before the virtualenv starts, even under `make -j`.
+.NOTPARALLEL:
+
+.PHONY: demo test bench system-demo system-test
+system-demo:
+	scripts/system-deps demo
+
+system-test:
+	scripts/system-deps test
 
 $(BIN)/durably: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -9,14 +24,12 @@ $(BIN)/durably: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: demo test lint bench
-demo: $(BIN)/durably
+demo: system-demo $(BIN)/durably
 	$(BIN)/durably triage --task m1-done-after-delete --state .durably-demo --approve off --model replay
 
-test: $(BIN)/durably
-	scripts/system-deps
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+test: system-test $(BIN)/durably
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/pytest
 

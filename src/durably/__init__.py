@@ -1,6 +1,6 @@
 """durably: LLM agent runs that survive any crash without repeating or skipping a side effect."""
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from .approval import DEFER as DEFER
 from .approval import ApprovalRequest as ApprovalRequest
@@ -68,18 +68,35 @@ from .workspace import Workspace as Workspace
 
 
 def __getattr__(name: str) -> object:
-    # Integrations load on first use, so `import durably` never imports psycopg.
+    # Integrations load on first use, so `import durably` never imports psycopg; the
+    # version too, as importlib.metadata is among the dearest imports of all.
     if name == "PostgresStore":
         from .stores.postgres import PostgresStore
 
         return PostgresStore
+    if name == "__version__":
+        return _version()
     raise AttributeError(f"module 'durably' has no attribute {name!r}")
 
 
-try:
-    __version__ = version("durably")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
+_VERSION: str | None = None
+
+if TYPE_CHECKING:
+    __version__: str  # given by __getattr__, so importlib.metadata loads on first use
+
+
+def _version() -> str:
+    """The installed distribution's version, read once, on first use."""
+    global _VERSION
+    if _VERSION is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            _VERSION = version("durably")
+        except PackageNotFoundError:  # pragma: no cover - a source tree without install
+            _VERSION = "0.0.0"
+    return _VERSION
+
 
 __all__ = [
     "DEFER",

@@ -13,7 +13,6 @@ takes the answer later through ``decisions=``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -219,6 +218,8 @@ class TerminalApprover:
             raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="stdin is closed")
         self._out.write(prompt)
         self._out.flush()
+        import asyncio  # imported where it runs: `import durably` stays light
+
         line: str = await asyncio.to_thread(self._in.readline)
         if not line:
             raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="no answer on stdin")

@@ -16,7 +16,6 @@ Exit codes (also in ``durably --help``):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import json
 import math
@@ -25,11 +24,9 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import msgspec
-from rich.console import Console
-from rich.table import Table
 
 from .errors import (
     ApprovalUnavailable,
@@ -42,6 +39,11 @@ from .errors import (
 from .state import RunState, encode_state, utcnow
 from .stores.file import FileStore
 from .stores.journal import JournalStore
+
+if TYPE_CHECKING:
+    # rich and asyncio are imported where a command draws or runs, so `durably --help`
+    # loads neither (benchmarks/startup.py).
+    from rich.console import Console
 
 __all__ = ["EXIT", "main"]
 
@@ -77,6 +79,8 @@ def _age(when: datetime | None) -> str:
 
 def show(state: RunState, console: Console) -> None:
     """Print one run's checkpoint for a person."""
+    from rich.table import Table
+
     console.print(f"[bold]{state.run_id}[/bold]")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim")
@@ -134,6 +138,8 @@ def show(state: RunState, console: Console) -> None:
 
 def runs_table(store: FileStore, console: Console, errors: Console) -> int:
     """Print a table of every run in a store; return how many could not be read."""
+    from rich.table import Table
+
     table = Table(title=f"runs in {store.directory}", title_justify="left")
     for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
         table.add_column(
@@ -162,9 +168,32 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
     return unreadable
 
 
+def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
+    """The run ``given`` names, as git names commits: a whole ID, or the start of only one.
+
+    Returns the run ID, or every run ID ``given`` starts when there is more than
+    one. A prefix of none is returned as given, so reading it fails naming it.
+    """
+    runs = store.list_runs_sync()
+    if given in runs:
+        return given
+    matches = [run for run in runs if run.startswith(given)]
+    if len(matches) > 1:
+        return matches
+    return matches[0] if matches else given
+
+
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
     store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
-    state = store.read_sync(args.run)
+    run = run_by_prefix(store, args.run)
+    if isinstance(run, list):
+        errors.print(
+            f"error: {args.run!r} starts {len(run)} run IDs: {', '.join(run)}; give more of the ID",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return EXIT["usage"]
+    state = store.read_sync(run)
     if args.json:
         sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
     else:
@@ -187,6 +216,8 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
     from .triage.cli import triage
 
     return asyncio.run(triage(args, console, errors))
@@ -195,6 +226,8 @@ def _cmd_triage(args: argparse.Namespace, console: Console, errors: Console) -> 
 def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
     """Every power cut at every operation of both stores' saves: how many disks, how many wrong."""
     import functools
+
+    from rich.table import Table
 
     from .stores.journal import JournalStore
     from .sweep.powerloss import MUTANTS, check_lock_exclusion, explore
@@ -281,6 +314,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Table
 
     from .sweep import CONFIGS, run_sweep
     from .triage.job import TriageJob
@@ -416,7 +450,9 @@ def _parser() -> argparse.ArgumentParser:
     triage = commands.add_parser(
         "triage", help="run (or resume) the reference triage agent", epilog=_EPILOG
     )
-    triage.add_argument("--task", default="m1-done-after-delete", help="task name")
+    triage.add_argument(
+        "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
+    )
     state_option(triage)
     triage.add_argument("--run", help="resume this run ID instead of the task's unfinished run")
     triage.add_argument(
@@ -450,7 +486,7 @@ def _parser() -> argparse.ArgumentParser:
     triage.set_defaults(handler=_cmd_triage)
 
     show_cmd = commands.add_parser("show", help="show one run's checkpoint")
-    show_cmd.add_argument("run", help="run ID")
+    show_cmd.add_argument("run", help="run ID, or its start if no other run ID starts so")
     state_option(show_cmd)
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
@@ -458,7 +494,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser(
         "sweep", help="crash the triage agent at every crash point and count what went wrong"
     )
-    sweep.add_argument("--task", default="m1-done-after-delete", help="task name")
+    sweep.add_argument(
+        "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
+    )
     sweep.add_argument("--depth", type=int, choices=(1, 2), default=2)
     sweep.add_argument(
         "--config",
@@ -502,6 +540,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
     from .worker import serve
 
     try:
@@ -522,6 +562,8 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
     from .worker import submit_command
 
     try:
@@ -603,6 +645,8 @@ def _console(*, stderr: bool = False) -> Console:
     Rich gives a console that is not a terminal 80 columns, which cuts the
     sweep's table and run IDs short in a log or a CI transcript.
     """
+    from rich.console import Console
+
     console = Console(stderr=stderr, soft_wrap=True)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(stderr=stderr, soft_wrap=True, width=_PIPE_WIDTH)

@@ -19,7 +19,6 @@ in flight and then propagates.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
@@ -74,6 +73,8 @@ async def shielded(awaitable: Awaitable[_T]) -> _T:
     The cancellation is re-raised once the work has finished, so a save that
     records where a run stopped always lands before the task unwinds.
     """
+    import asyncio  # imported where it runs: `import durably` stays light (issue 19)
+
     task = asyncio.ensure_future(awaitable)
     cancelled = False
     while True:
@@ -331,10 +332,14 @@ class Agent:
 
     def run_sync(self, task: str, *, name: str | None = None, run_id: str | None = None) -> Outcome:
         """Blocking form of :meth:`run` for scripts."""
+        import asyncio
+
         return asyncio.run(self.run(task, name=name, run_id=run_id))
 
     def resume_sync(self, run_id: str, *, decisions: Decisions | None = None) -> Outcome:
         """Blocking form of :meth:`resume` for scripts."""
+        import asyncio
+
         return asyncio.run(self.resume(run_id, decisions=decisions))
 
     def _check_agent(self, state: RunState) -> None:

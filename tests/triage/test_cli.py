@@ -521,3 +521,60 @@ def test_a_full_or_read_only_state_disk_is_a_clear_error_and_loses_nothing(
     assert listed.returncode == EXIT["done"], listed.stderr
     assert run in listed.stdout
     assert unfinished in listed.stdout
+
+
+def test_help_shows_the_task_option_with_its_default() -> None:
+    """``--task`` is optional and ``--help`` names its default, for triage and sweep alike."""
+    for command in ("triage", "sweep"):
+        result = durably(command, "--help")
+
+        assert result.returncode == 0, result.stderr
+        assert "[--task TASK]" in result.stdout
+        assert f"task name (default: {M1})" in " ".join(result.stdout.split())
+
+
+def test_show_takes_the_start_of_a_run_id_when_only_one_run_starts_so(tmp_path: Path) -> None:
+    """``durably show`` resolves a unique start of an ID, prefers a whole ID, and refuses an
+    ambiguous start with exit 2 listing every run it starts."""
+    from durably import Agent, FileStore, Reply, ScriptedModel
+
+    state = tmp_path / "state"
+    for run in ("r1", "r10", "beta-7"):
+        agent = Agent(
+            model=ScriptedModel([Reply(text=f"answer of {run}")]),
+            tools=[],
+            store=FileStore(state / "runs"),
+        )
+        agent.run_sync("a task", run_id=run)
+
+    def shown(start: str) -> subprocess.CompletedProcess[str]:
+        return durably("show", start, "--state", state, "--json")
+
+    unique, whole, ambiguous, none = shown("bet"), shown("r1"), shown("r"), shown("zz")
+
+    assert unique.returncode == EXIT["done"], unique.stderr
+    assert json.loads(unique.stdout)["run_id"] == "beta-7"
+    assert whole.returncode == EXIT["done"], whole.stderr
+    assert json.loads(whole.stdout)["run_id"] == "r1"
+    assert ambiguous.returncode == EXIT["usage"]
+    assert "'r' starts 2 run IDs: r1, r10; give more of the ID" in ambiguous.stderr
+    assert ambiguous.stdout == ""
+    assert none.returncode == EXIT["failed"]
+    assert "no run 'zz'" in none.stderr
+
+
+def test_the_same_command_after_a_finished_run_says_it_starts_a_new_one(state: Path) -> None:
+    """Run again once the task's run is done, ``durably triage`` names the finished run and
+    the new one it starts, and leaves the finished run as it was."""
+    first = durably("triage", "--task", M1, "--state", state, "--approve", "off")
+    assert first.returncode == EXIT["done"], first.stdout + first.stderr
+    finished = only_run(state)
+    before = durably("show", finished, "--state", state, "--json").stdout
+
+    again = durably("triage", "--task", M1, "--state", state, "--approve", "off")
+
+    assert again.returncode == EXIT["done"], again.stdout + again.stderr
+    (started,) = [run.stem for run in run_files(state) if run.stem != finished]
+    assert f"new run {finished} ({M1}," in first.stdout
+    assert f"run {finished} is done; starting a new run {started} ({M1}," in again.stdout
+    assert durably("show", finished, "--state", state, "--json").stdout == before

@@ -15,7 +15,6 @@ synced again and the handle refuses further saves.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -416,5 +415,7 @@ async def _off_the_loop(sync: bool, function: Callable[..., _T], *arguments: obj
     times); the crash points inside are reached the same way either way.
     """
     if sync:
+        import asyncio  # imported where it runs: `import durably` stays light (issue 19)
+
         return await asyncio.to_thread(function, *arguments)
     return function(*arguments)

@@ -86,18 +86,22 @@ class _Live:
             )
 
 
-def _find_unfinished(store: FileStore, task: str) -> str | None:
-    """The newest run of ``task`` that is not done (run IDs sort by their UTC time)."""
+def _find_unfinished(store: FileStore, task: str) -> tuple[str | None, str | None]:
+    """The newest run of ``task`` that is not done, or None and the newest run (all done).
+
+    Run IDs sort by their UTC time. The second item lets the command say which
+    finished run it is not resuming when it starts a new one.
+    """
     candidates = [r for r in store.list_runs_sync() if r.startswith(f"{task}-")]
     for run_id in reversed(candidates):
         try:
             state = store.read_sync(run_id)
         except DurablyError:
             # An unreadable run is never replaced by a fresh one: resume it and fail loudly.
-            return run_id
+            return run_id, None
         if state.phase is not Phase.DONE:
-            return run_id
-    return None
+            return run_id, None
+    return None, (candidates[-1] if candidates else None)
 
 
 async def triage(args: argparse.Namespace, console: Console, errors: Console | None = None) -> int:
@@ -117,7 +121,9 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         if args.store == "journal"
         else FileStore(runs_dir(state_dir))
     )
-    run_id = args.run or (None if args.new else _find_unfinished(store, args.task))
+    run_id, finished = args.run, None
+    if run_id is None and not args.new:
+        run_id, finished = _find_unfinished(store, args.task)
     resuming = run_id is not None
     if run_id is None:
         run_id = new_run_id(args.task)
@@ -171,7 +177,11 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             outcome = await agent.resume(run_id)
         else:
             task = load_task(args.task)
-            console.print(f"[bold]new run[/bold] {run_id} ({args.task}, model {agent.model.name})")
+            about = f"{run_id} ({args.task}, model {agent.model.name})"
+            if finished is None:
+                console.print(f"[bold]new run[/bold] {about}")
+            else:  # the same command resumed the task's last run; that run is over
+                console.print(f"run {finished} is done; starting a new run {about}")
             outcome = await agent.run(task.description, run_id=run_id)
     return _report(outcome, world, runs_dir(state_dir), console)
 

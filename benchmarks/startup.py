@@ -1,0 +1,110 @@
+"""How long a person waits for each command to start: cold processes against ``python -c pass``.
+
+    .venv/bin/python benchmarks/startup.py [--rounds N] [--runs N] [--other-src DIR]
+
+Each contender is a fresh process, started the way a person starts it (the
+``durably`` script beside this interpreter), timed from spawn to exit. The
+baseline, measured in the same run with the same interpreter, is
+``python -c pass``: what any Python program pays before its first line. Each
+round runs every contender once, in an order that rotates with the round, so
+a slow moment of a shared machine hits them all alike. It prints each
+contender's median and p90 wall time, its median as a multiple of the
+baseline's, and what it adds to it in milliseconds.
+
+``--other-src DIR`` also times every durably contender against another source
+tree (``DIR/durably``, put first on ``PYTHONPATH``), interleaved with this one:
+an older commit's ``src`` (``git archive``) gives before and after in one run.
+
+``durably show`` and ``durably runs`` read a small journal store made first in
+a temporary directory (``--runs`` finished runs of a scripted agent). Targets
+(issue 19): ``import durably`` adds at most 0.04 s to the baseline; ``durably
+--help``, ``show`` and ``runs`` finish within 0.12 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from durably import Agent, JournalStore, Reply, ScriptedModel
+
+
+def make_store(directory: Path, runs: int) -> str:
+    """Fill a journal store with ``runs`` finished runs; return one run's ID."""
+    store = JournalStore(directory / "runs", sync=False)
+    for n in range(runs):
+        replies = [Reply(text=f"answer {n}")]
+        agent = Agent(model=ScriptedModel(replies), tools=[], store=store)
+        agent.run_sync(f"task {n}", run_id=f"bench-{n:04d}")
+    return "bench-0000"
+
+
+def timed(command: list[str], env: dict[str, str] | None) -> float:
+    """Seconds from spawning ``command`` to its exit; it must succeed."""
+    started = time.perf_counter()
+    subprocess.run(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True
+    )
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=30, help="processes per contender")
+    parser.add_argument("--runs", type=int, default=5, help="runs in the small store")
+    parser.add_argument("--other-src", type=Path, help="also time durably from this source tree")
+    args = parser.parse_args()
+
+    python = sys.executable
+    script = str(Path(python).with_name("durably"))
+    with tempfile.TemporaryDirectory(prefix="durably-startup-") as scratch:
+        state = Path(scratch)
+        run = make_store(state, args.runs)
+        commands = {
+            "python -c 'import durably'": [python, "-c", "import durably"],
+            "durably --help": [script, "--help"],
+            "durably triage --help": [script, "triage", "--help"],
+            f"durably runs ({args.runs} runs)": [script, "runs", "--state", str(state)],
+            "durably show RUN": [script, "show", run, "--state", str(state)],
+        }
+        contenders: dict[str, tuple[list[str], dict[str, str] | None]] = {
+            "python -c pass": ([python, "-c", "pass"], None)
+        }
+        for name, command in commands.items():
+            contenders[name] = (command, None)
+            if args.other_src is not None:
+                other = {**os.environ, "PYTHONPATH": str(args.other_src.resolve())}
+                contenders[f"{name} [other]"] = (command, other)
+        names = list(contenders)
+        for name in names:  # warm the page cache and the bytecode caches
+            timed(*contenders[name])
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(args.rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name].append(timed(*contenders[name]))
+
+    base = statistics.median(times[names[0]])
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{args.rounds} cold processes per contender, interleaved\n")
+    if args.other_src is not None:
+        print(f"[other]: durably from {args.other_src}")
+    print(f"{'contender':<38} {'median ms':>9} {'p90 ms':>7} {'x pass':>7} {'+ms':>6}")
+    for name in names:
+        samples = sorted(times[name])
+        median = statistics.median(samples)
+        p90 = samples[min(len(samples) - 1, int(0.9 * len(samples)))]
+        print(
+            f"{name:<38} {median * 1e3:>9.1f} {p90 * 1e3:>7.1f} {median / base:>7.2f} "
+            f"{(median - base) * 1e3:>6.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
