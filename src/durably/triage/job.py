@@ -72,7 +72,9 @@ class TriageJob:
             store=world.store(),
             approver=approver,
             model=replay_model(triage_world, fickle=config.fickle),
-            options=ToolOptions(honour_keys=config.honour_keys),
+            options=ToolOptions(
+                honour_keys=config.honour_keys, refile_guard=config.refile_guard
+            ),
             sync=False,
         )
         agent.tools = {t.name: t for t in config.adapt(list(agent.tools.values()))}
