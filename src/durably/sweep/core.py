@@ -646,11 +646,15 @@ class SweepReport:
             where = f"{row.config} (depth {row.depth})"
             if row.scenarios == 0:
                 found.append(f"{where} ran no scenario")
-            elif row.errors:
+                continue
+            if row.errors:
                 found.append(f"{where}: {row.errors} of {row.scenarios} scenarios errored")
-            elif row.protected and not row.clean:
+            harmed = row.finished < row.scenarios or any(
+                (row.duplicates, row.lost, row.paid_twice, row.failed_checks)
+            )
+            if row.protected and harmed:
                 found.append(f"{where} is not clean")
-            elif not row.protected and row.depth == 1 and row.clean:
+            if not row.protected and row.depth == 1 and row.clean:
                 found.append(f"baseline {row.config} failed to fail")
         found += [
             f"{r.config} {' then '.join(r.crashes)}: {r.error}"
