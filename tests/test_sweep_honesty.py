@@ -164,3 +164,25 @@ def test_merged_and_unmerged_sweeps_judge_every_point_alike() -> None:
         assert mine.scenarios < theirs.scenarios
         for count in ("duplicates", "lost", "questions", "paid_twice"):
             assert weighted[mine.config][count] == getattr(theirs, count), (mine.config, count)
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_scenario_leaves_no_descriptor_open_in_its_worker() -> None:
+    """Scenarios (kill, restarts, judging) leave their worker's open files as they were."""
+    from durably.triage.job import TriageJob
+
+    job, config = TriageJob(), CONFIGS[0]
+    labels, prints, reference = sweep_core._record_points(job, config, None)
+    groups = [
+        sweep_core._Group(config, index, labels[index - 1], covers, 1)
+        for index, covers in sweep_core._distinct(prints)
+    ][-4:]  # the last points: the run's whole checkpoint is read at each
+    sweep_core._run_group(job, groups[0], reference, None)  # caches fill on the first
+    before = _open_descriptors()
+    for group in groups[1:]:
+        (result,) = sweep_core._run_group(job, group, reference, None)
+        assert result.error is None
+    assert _open_descriptors() == before

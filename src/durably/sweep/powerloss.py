@@ -40,8 +40,8 @@ race that deleting lock files opens: two openers holding the run at once.
 Seeded mutants of the protocol (:data:`MUTANTS`, installed by :func:`seeded`)
 break the real code path, never a copy of it: the four save mutants run the
 real ``FileRun._write_snapshot`` over a file system with one call dropped or
-swapped, the lock mutant wraps the real close and open. What catches each, in ``tests/test_powerloss.py``
-(``test_each_seeded_mutant_is_caught``):
+swapped, the lock mutant wraps the real close and open. What catches each, in
+``tests/test_powerloss.py`` (``test_each_seeded_mutant_is_caught``):
 
 ==========================  ========================  ==================================
 mutant                      caught by                 violation

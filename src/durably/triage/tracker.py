@@ -337,6 +337,19 @@ class Tracker:
     def __repr__(self) -> str:
         return f"Tracker({str(self.path)!r}, honour_keys={self.honour_keys})"
 
+    def close(self) -> None:
+        """Close this process's read connection (the tracker opens a new one if read again)."""
+        with self._reader_lock:
+            if self._reader is not None and self._reader_pid == os.getpid():
+                self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # -- writes -----------------------------------------------------------------
 
     def file_issue(
