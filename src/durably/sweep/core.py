@@ -14,6 +14,8 @@ For each configuration the sweep
 4. reports per scenario: finished, duplicated effects, lost effects, questions
    asked of a person, saved replies paid for twice, failed checks, and which
    ladder step decided each in-doubt call.
+   A scenario the harness could not run as planned carries an error, and a row
+   with an errored scenario, or with none, fails the sweep.
 
 Children are forked from warm worker processes (a fork server: no interpreter
 start-up per scenario, and whatever the job builds lazily is built once, by a
@@ -21,8 +23,9 @@ warm-up run in each worker) and die by a real SIGKILL: no ``finally`` runs, no
 lock is released politely. Points whose fingerprint equals the previous point's
 leave an identical disk (temp files aside, which every open removes), so a crash
 there is the same scenario; the sweep runs it once and counts the points it
-covers. The second crashes that follow one first crash share its kill: the disk
-the killed process left is kept in memory and laid down again, at the same
+covers (``merge=False``, ``durably sweep --no-merge``, kills at every point
+instead). The second crashes that follow one first crash share its kill: the
+disk the killed process left is kept in memory and laid down again, at the same
 path, before each of their restarts.
 """
 
