@@ -358,13 +358,14 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             jobs=args.jobs,
             progress=progress,
             store=_SWEEP_STORES[args.store],
+            merge=not args.no_merge,
         )
     table = Table(title=f"sweep of {report.job}", title_justify="left")
     headers = ("configuration", "depth", "scenarios", "points", "finished", "duplicates")
-    for header in (*headers, "lost", "questions", "paid twice", "failed checks"):
+    for header in (*headers, "lost", "questions", "paid twice", "failed checks", "errors"):
         table.add_column(header, justify="left" if header == "configuration" else "right")
     for row in report.rows():
-        bad = "red" if (row.protected and not row.clean) else ""
+        bad = "red" if (row.protected and not row.clean) or not row.swept else ""
         table.add_row(
             row.config + ("" if row.protected else " (baseline)"),
             str(row.depth),
@@ -376,6 +377,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             str(row.questions),
             str(row.paid_twice),
             str(row.failed_checks),
+            str(row.errors),
             style=bad,
         )
     console.print(table)
@@ -502,7 +504,13 @@ def _parser() -> argparse.ArgumentParser:
         "--config",
         action="append",
         help="a configuration to sweep (repeatable; default: all): keys honoured, keys "
-        "ignored, fickle model, naive retry, at-most-once",
+        "ignored, fickle model, lookups off, no refile guard, naive retry, at-most-once",
+    )
+    sweep.add_argument(
+        "--no-merge",
+        action="store_true",
+        help="kill at every crash point, first and second, instead of once per run of points "
+        "that leave the same disk (several times slower; checks that equivalence)",
     )
     sweep.add_argument(
         "--jobs", type=_positive_int, default=os.cpu_count() or 1, help="worker processes"

@@ -64,6 +64,15 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a") as out:
+        out.write(line + "\n")
+
+
 def _regression_test(world: World) -> Path:
     return world.workspace / load_task(TASK).groups[0].regression_test.path
 
@@ -92,15 +101,15 @@ SPOILERS: dict[str, Spoiler] = {
     ),
     "issue bodies name their reports": lambda w, d, s: _sql(w, "UPDATE issues SET body = 'x'"),
     "regression tests exist": lambda w, d, s: _regression_test(w).unlink(),
-    "regression tests fail on the original code": lambda w, d, s: _regression_test(w).write_text(
-        "def test_nothing() -> None:\n    pass\n"
+    "regression tests fail on the original code": lambda w, d, s: _write(
+        _regression_test(w), "def test_nothing() -> None:\n    pass\n"
     ),
     "all tests pass on the patched code": lambda w, d, s: _unpatch(w),
     "each patch applied exactly once": lambda w, d, s: _edit(
         patches_log(w), "\n", "\n" + patches_log(w).read_text().splitlines()[0] + "\n"
     ),
-    "only expected files changed": lambda w, d, s: (w.workspace / "todo" / "extra.py").write_text(
-        "x = 1\n"
+    "only expected files changed": lambda w, d, s: _write(
+        w.workspace / "todo" / "extra.py", "x = 1\n"
     ),
     "comments posted once each": lambda w, d, s: _sql(
         w,
@@ -111,12 +120,12 @@ SPOILERS: dict[str, Spoiler] = {
         _patched_file(w), "\n", "\n# edited behind the run's back\n"
     ),
     "checkpoint modes 0700/0600": lambda w, d, s: d.chmod(0o755),
-    "no leftover temp files": lambda w, d, s: (d / f".{RUN_ID}.json.1a2b.tmp").write_bytes(b""),
+    "no leftover temp files": lambda w, d, s: _write(d / f".{RUN_ID}.json.1a2b.tmp", ""),
     "spending equals the saved replies' usage": lambda w, d, s: msgspec.structs.replace(
         s, dollars=s.dollars + 1
     ),
-    "no reply paid twice": lambda w, d, s: w.model_log.write_text(
-        w.model_log.read_text() + json.dumps({"run_id": RUN_ID, "turn": 1}) + "\n"
+    "no reply paid twice": lambda w, d, s: _append_line(
+        w.model_log, json.dumps({"run_id": RUN_ID, "turn": 1})
     ),
     "keys carried on every tracker write": lambda w, d, s: _sql(
         w, "UPDATE requests SET key = NULL WHERE seq = (SELECT min(seq) FROM requests)"
@@ -137,10 +146,18 @@ def test_the_unspoiled_world_passes_every_check(finished: Finished) -> None:
 def test_each_check_fails_on_the_world_it_guards_against(
     finished: Finished, tmp_path: Path, name: str
 ) -> None:
+    """Each check fails, for the reason it checks, on a world spoiled the way it guards against.
+
+    A check that fails only because it could not run (the spoiler broke the
+    scene, not the rule) proves nothing about the rule, so that is not accepted.
+    """
     world_root = Path(shutil.copytree(finished.world.root, tmp_path / "world"))
     store_dir = Path(shutil.copytree(finished.store_dir, tmp_path / "runs"))
     world = World.open(world_root)
-    spoiled = SPOILERS[name](world, store_dir, finished.state) or finished.state
+    returned = SPOILERS[name](world, store_dir, finished.state)
+    assert returned is None or isinstance(returned, RunState), f"{name}'s spoiler: {returned!r}"
+    spoiled = returned or finished.state
     verdict = {v.name: v for v in run_checks(world=world, state=spoiled, store_dir=store_dir)}
     assert not verdict[name].ok, f"{name} passed a world spoiled for it"
     assert verdict[name].reason
+    assert not verdict[name].reason.startswith("could not check"), verdict[name].reason

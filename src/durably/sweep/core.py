@@ -14,6 +14,8 @@ For each configuration the sweep
 4. reports per scenario: finished, duplicated effects, lost effects, questions
    asked of a person, saved replies paid for twice, failed checks, and which
    ladder step decided each in-doubt call.
+   A scenario the harness could not run as planned carries an error, and a row
+   with an errored scenario, or with none, fails the sweep.
 
 Children are forked from warm worker processes (a fork server: no interpreter
 start-up per scenario, and whatever the job builds lazily is built once, by a
@@ -21,8 +23,9 @@ warm-up run in each worker) and die by a real SIGKILL: no ``finally`` runs, no
 lock is released politely. Points whose fingerprint equals the previous point's
 leave an identical disk (temp files aside, which every open removes), so a crash
 there is the same scenario; the sweep runs it once and counts the points it
-covers. The second crashes that follow one first crash share its kill: the disk
-the killed process left is kept in memory and laid down again, at the same
+covers (``merge=False``, ``durably sweep --no-merge``, kills at every point
+instead). The second crashes that follow one first crash share its kill: the
+disk the killed process left is kept in memory and laid down again, at the same
 path, before each of their restarts.
 """
 
@@ -89,6 +92,8 @@ class Config:
     """Tools keep their lookups (without, an in-doubt write goes to a person)."""
     fickle: bool = False
     """The model answers differently when asked again for a reply it gave."""
+    refile_guard: bool = True
+    """The tracker refuses a second filing for a cause (without, it shows as a duplicate)."""
     baseline: Literal["naive-retry", "at-most-once"] | None = None
     """A deliberately broken policy that the sweep must show failing."""
 
@@ -123,10 +128,17 @@ CONFIGS: tuple[Config, ...] = (
     Config(name="keys honoured"),
     Config(name="keys ignored", honour_keys=False),
     Config(name="fickle model", fickle=True),
+    Config(name="lookups off", honour_keys=False, lookups=False),
+    Config(name="no refile guard", honour_keys=False, refile_guard=False),
     Config(name="naive retry", honour_keys=False, baseline="naive-retry"),
     Config(name="at-most-once", honour_keys=False, baseline="at-most-once"),
 )
-"""The default configurations: two protected worlds, a fickle model, two baselines."""
+"""The default configurations: five protected worlds, two baselines.
+
+"lookups off" sends every in-doubt write to a person (ladder step 3); "no refile
+guard" takes away the tracker's own refusal of a second filing, which would
+otherwise hide a write run twice.
+"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,10 +162,30 @@ class World:
         return self.root / "questions.jsonl"
 
     def store(self) -> FileStore:
-        """The scenario's store. Syncs are off: the sweep kills processes, not the power."""
+        """The scenario's store. Syncs are off: the sweep kills processes, not the power.
+
+        The caller closes it (it holds the directory's descriptor); to read once,
+        use :meth:`read`.
+        """
         if self.store_factory is not None:
             return self.store_factory(self.store_dir)
         return FileStore(self.store_dir, sync=False)
+
+    def read(self) -> RunState:
+        """The run's saved state, read through a store that is closed again."""
+        store = self.store()
+        try:
+            return store.read_sync(RUN_ID)
+        finally:
+            store.close()
+
+    def has_run(self) -> bool:
+        """Whether the run was created (its start save returned)."""
+        store = self.store()
+        try:
+            return RUN_ID in store.list_runs_sync()
+        finally:
+            store.close()
 
 
 class SweepJob(Protocol):
@@ -266,7 +298,7 @@ def _process(
         if record is not None:
             plan.on_point = fingerprint
         # A crash before the start save returned leaves no run: the next process starts it.
-        start = first or RUN_ID not in world.store().list_runs_sync()
+        start = first or not world.has_run()
         with faults.installed(plan):
             if start:
                 asyncio.run(agent.run(job.task(), run_id=RUN_ID))
@@ -311,8 +343,13 @@ class ScenarioResult:
     error: str | None = None
 
 
-def _distinct(prints: Sequence[str]) -> list[tuple[int, int]]:
-    """(1-based point index, points covered) for each run of equal fingerprints."""
+def _distinct(prints: Sequence[str], merge: bool = True) -> list[tuple[int, int]]:
+    """(1-based point index, points covered) for each run of equal fingerprints.
+
+    Without ``merge``, every point stands for itself.
+    """
+    if not merge:
+        return [(index, 1) for index in range(1, len(prints) + 1)]
     chosen: list[tuple[int, int]] = []
     previous = None
     for index, digest in enumerate(prints, 1):
@@ -344,6 +381,7 @@ class _Spec:
     second: int | None
     labels: tuple[str, ...]
     covers: int
+    merge: bool = True
 
 
 @dataclass(frozen=True)
@@ -355,6 +393,7 @@ class _Group:
     label: str
     covers: int
     depth: int
+    merge: bool = True
 
 
 def _run_group(
@@ -368,7 +407,7 @@ def _run_group(
     killed at the same point would leave, and re-running the first process
     for every second crash (most of a scenario's cost) proves nothing more.
     """
-    first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers)
+    first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers, group.merge)
     with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
         world = World(root=Path(scratch) / "world", config=group.config, store_factory=store)
         world.root.mkdir()
@@ -385,7 +424,9 @@ def _run_group(
         for point, label, covers in zip(
             done.restart_points, done.restart_labels, done.restart_covers, strict=True
         ):
-            spec = _Spec(group.config, 2, group.first, point, (group.label, label), covers)
+            spec = _Spec(
+                group.config, 2, group.first, point, (group.label, label), covers, group.merge
+            )
             if left is None:
                 results.append(_run_scenario(job, spec, reference, store))
             else:
@@ -446,15 +487,14 @@ def _restart_and_judge(
         if status != 0:
             error = error or f"restart {restart} failed (status {status})"
             break
-        state = world.store().read_sync(RUN_ID)
-        finished = state.phase is Phase.DONE
+        finished = world.read().phase is Phase.DONE
         break
     return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
 
 
 def _saved_turns(world: World) -> int:
     try:
-        return world.store().read_sync(RUN_ID).turns
+        return world.read().turns
     except Exception:  # not created yet: nothing saved
         return 0
 
@@ -478,7 +518,7 @@ def _judge(
     failed: list[str] = []
     steps: Counter[str] = Counter()
     try:
-        state = world.store().read_sync(RUN_ID)
+        state = world.read()
         failed = job.checks(world, state) if finished else ["run did not finish"]
         steps = Counter(f"step {r.step} {r.outcome}" for r in state.resolutions.values())
     except Exception as exc:
@@ -488,7 +528,7 @@ def _judge(
     covers: tuple[int, ...] = ()
     if restart_record is not None:
         window = _window(restart_record["labels"])
-        chosen = [(i, c) for i, c in _distinct(restart_record["prints"]) if i <= window]
+        chosen = [(i, c) for i, c in _distinct(restart_record["prints"], spec.merge) if i <= window]
         points = tuple(i for i, _ in chosen)
         covers = tuple(c for _, c in chosen)
         labels = tuple(restart_record["labels"][i - 1] for i in points)
@@ -545,12 +585,22 @@ class Row:
     questions: int
     paid_twice: int
     failed_checks: int
+    errors: int = 0
+    """Scenarios the harness could not run as planned (a kill that did not happen,
+    a restart that failed): what they would have shown is unknown."""
+
+    @property
+    def swept(self) -> bool:
+        """Every scenario ran as planned, and there was at least one."""
+        return self.scenarios > 0 and not self.errors
 
     @property
     def clean(self) -> bool:
-        """No duplicate, loss, reply paid twice or failed check; every run finished."""
-        return self.finished == self.scenarios and not (
-            self.duplicates or self.lost or self.paid_twice or self.failed_checks
+        """Swept, and no duplicate, loss, reply paid twice or failed check; every run finished."""
+        return (
+            self.swept
+            and self.finished == self.scenarios
+            and not (self.duplicates or self.lost or self.paid_twice or self.failed_checks)
         )
 
 
@@ -582,18 +632,37 @@ class SweepReport:
                         questions=sum(r.questions for r in mine),
                         paid_twice=sum(r.paid_twice for r in mine),
                         failed_checks=sum(bool(r.failed_checks) for r in mine),
+                        errors=sum(r.error is not None for r in mine),
                     )
                 )
         return rows
 
     def problems(self) -> list[str]:
-        """Why the sweep fails: a protected row that is not clean, a baseline that is."""
+        """Why the sweep fails: a row not swept, a protected row not clean, a baseline clean.
+
+        A row with no scenario, or with a scenario that errored, proves nothing
+        either way, protected or baseline: it is a problem, and the first errors
+        are named.
+        """
         found = []
         for row in self.rows():
-            if row.protected and not row.clean:
-                found.append(f"{row.config} (depth {row.depth}) is not clean")
+            where = f"{row.config} (depth {row.depth})"
+            if row.scenarios == 0:
+                found.append(f"{where} ran no scenario")
+                continue
+            if row.errors:
+                found.append(f"{where}: {row.errors} of {row.scenarios} scenarios errored")
+            harmed = row.finished < row.scenarios or any(
+                (row.duplicates, row.lost, row.paid_twice, row.failed_checks)
+            )
+            if row.protected and harmed:
+                found.append(f"{where} is not clean")
             if not row.protected and row.depth == 1 and row.clean:
                 found.append(f"baseline {row.config} failed to fail")
+        found += [
+            f"{r.config} {' then '.join(r.crashes)}: {r.error}"
+            for r in [r for r in self.results if r.error is not None][:5]
+        ]
         return found
 
     def text(self) -> str:
@@ -601,23 +670,26 @@ class SweepReport:
         header = (
             f"{'configuration':<16} {'depth':>5} {'scenarios':>9} {'points':>6} "
             f"{'finished':>8} {'duplicates':>10} {'lost':>4} {'questions':>9} "
-            f"{'paid twice':>10} {'failed checks':>13}"
+            f"{'paid twice':>10} {'failed checks':>13} {'errors':>6}"
         )
         lines = [f"sweep of {self.job}", header, "-" * len(header)]
         for r in self.rows():
             lines.append(
                 f"{r.config:<16} {r.depth:>5} {r.scenarios:>9} {r.points:>6} {r.finished:>8} "
                 f"{r.duplicates:>10} {r.lost:>4} {r.questions:>9} {r.paid_twice:>10} "
-                f"{r.failed_checks:>13}"
+                f"{r.failed_checks:>13} {r.errors:>6}"
             )
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
-        """The rows and every scenario, for machines."""
+        """The rows and every scenario, for machines; ``ok`` is False on any problem."""
+        problems = self.problems()
         return {
             "job": self.job,
             "depth": self.depth,
-            "rows": [asdict(r) | {"clean": r.clean} for r in self.rows()],
+            "ok": not problems,
+            "problems": problems,
+            "rows": [asdict(r) | {"clean": r.clean, "swept": r.swept} for r in self.rows()],
             "scenarios": [asdict(s) for s in self.results],
         }
 
@@ -708,6 +780,7 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
     store: StoreFactory | None = None,
     workers: Workers = "fork",
+    merge: bool = True,
 ) -> SweepReport:
     """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
 
@@ -728,6 +801,9 @@ def run_sweep(
             classes, not ones defined in a function or in ``__main__``); a
             caller holding much memory, like a test session, sweeps much faster
             so (see :mod:`durably.sweep._fresh`).
+        merge: run one scenario per run of points with equal fingerprints (the
+            default); False kills at every labelled point, first and second,
+            trusting no equivalence (several times slower).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -747,8 +823,8 @@ def run_sweep(
         references[config.name] = effects
         # Baselines already fail at depth 1; a second crash adds nothing to that proof.
         group_depth = depth if config.protected else 1
-        for index, covers in _distinct(prints):
-            groups.append(_Group(config, index, labels[index - 1], covers, group_depth))
+        for index, covers in _distinct(prints, merge):
+            groups.append(_Group(config, index, labels[index - 1], covers, group_depth, merge))
     results: list[ScenarioResult] = []
     # A group's second crashes become known only when its first restart is
     # recorded: the total counts each group still to run at the mean size of
@@ -805,10 +881,8 @@ def assert_clean(
     """
     report = run_sweep(job, configs=configs, depth=depth, jobs=jobs, store=store, workers=workers)
     problems = report.problems()
-    failed = [r for r in report.results if r.error]
-    if problems or failed:
-        detail = "\n".join(f"{r.config} {r.crashes}: {r.error}" for r in failed[:5])
-        raise AssertionError(f"{'; '.join(problems)}\n{report.text()}{detail}")
+    if problems:
+        raise AssertionError("\n".join(problems) + "\n" + report.text())
     return report
 
 

@@ -38,8 +38,10 @@ legal only until the create returned. :func:`check_lock_exclusion` forces the
 race that deleting lock files opens: two openers holding the run at once.
 
 Seeded mutants of the protocol (:data:`MUTANTS`, installed by :func:`seeded`)
-and what catches each, in ``tests/test_powerloss.py``
-(``test_each_seeded_mutant_is_caught``):
+break the real code path, never a copy of it: the four save mutants run the
+real ``FileRun._write_snapshot`` over a file system with one call dropped or
+swapped, the lock mutant wraps the real close and open. What catches each, in
+``tests/test_powerloss.py`` (``test_each_seeded_mutant_is_caught``):
 
 ==========================  ========================  ==================================
 mutant                      caught by                 violation
@@ -83,8 +85,7 @@ import msgspec
 from .. import faults
 from .._sysio import FileSystem
 from ..errors import Locked, RunNotFound
-from ..state import RunState, UserMessage, utcnow
-from ..stores._envelope import seal
+from ..state import RunState, UserMessage
 from ..stores.file import FileRun, FileStore
 
 __all__ = [
@@ -735,45 +736,58 @@ class Mutant:
     patches: tuple[tuple[type, str, object], ...]
 
 
-def _mutant_save(mutation: str) -> Callable[[FileRun, RunState], None]:
-    """``FileRun.save_sync`` with one step of the crash-atomic protocol broken."""
+class _FlawedFS:
+    """The store's file system as one save of the snapshot protocol sees it, one step broken.
 
-    def save_sync(self: FileRun, state: RunState) -> None:
-        state.saved_at = utcnow()
-        data = seal(state)
-        store = self._store
-        fs, dir_fd = store.fs, store._directory_fd()
-        name = self.run_id + ".json"
-        if mutation == "write-in-place":
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            fd = fs.open(name, flags, 0o600, dir_fd=dir_fd)
-            try:
-                fs.write(fd, data)
-                fs.fsync(fd)
-            finally:
-                fs.close(fd)
-            fs.fsync(dir_fd)
+    Every call goes to the real file system except the one the flaw changes,
+    so the mutant runs the store's real save (:meth:`FileRun._write_snapshot`)
+    with a single system call dropped or swapped.
+    """
+
+    def __init__(self, real: FileSystem, mutation: str, *, dir_fd: int, name: str) -> None:
+        self._real, self._mutation, self._dir_fd, self._name = real, mutation, dir_fd, name
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self._real, attribute)
+
+    def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
+        if self._mutation == "write-in-place" and name.endswith(".tmp"):
+            # The state file itself, truncated, instead of a new temp file.
+            name, flags = self._name, (flags & ~os.O_EXCL) | os.O_TRUNC
+        return self._real.open(name, flags, mode, dir_fd=dir_fd)
+
+    def fsync(self, fd: int) -> None:
+        if self._mutation == "no-dir-fsync" and fd == self._dir_fd:
             return
-        temp = f".{self.run_id}.{os.urandom(8).hex()}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = fs.open(temp, flags, 0o600, dir_fd=dir_fd)
-        try:
-            fs.write(fd, data)
-            faults.point("store.save.temp_written")
-            if mutation != "no-file-fsync":
-                fs.fsync(fd)
-            faults.point("store.save.temp_synced")
-        finally:
-            fs.close(fd)
-        if mutation == "unlink-then-rename" and fs.lstat(name, dir_fd=dir_fd) is not None:
-            fs.unlink(name, dir_fd=dir_fd)
-        fs.rename(temp, name, dir_fd=dir_fd)
-        faults.point("store.save.renamed")
-        if mutation != "no-dir-fsync":
-            fs.fsync(dir_fd)
-        faults.point("store.save.dir_synced")
+        if self._mutation == "no-file-fsync" and fd != self._dir_fd:
+            return
+        self._real.fsync(fd)
 
-    return save_sync
+    def rename(self, src: str, dst: str, *, dir_fd: int) -> None:
+        if self._mutation == "write-in-place":
+            return  # the data is already in place
+        if self._mutation == "unlink-then-rename" and self._real.lstat(dst, dir_fd=dir_fd):
+            self._real.unlink(dst, dir_fd=dir_fd)
+        self._real.rename(src, dst, dir_fd=dir_fd)
+
+
+_real_write_snapshot = FileRun._write_snapshot
+
+
+def _flawed_write(mutation: str) -> Callable[[FileRun, bytes], None]:
+    """``FileRun._write_snapshot``, the real one, run over a :class:`_FlawedFS`."""
+
+    def write_snapshot(self: FileRun, data: bytes) -> None:
+        store = self._store
+        real = store.fs
+        name = self.run_id + ".json"
+        store.fs = _FlawedFS(real, mutation, dir_fd=store._directory_fd(), name=name)  # type: ignore[assignment]
+        try:
+            _real_write_snapshot(self, data)
+        finally:
+            store.fs = real
+
+    return write_snapshot
 
 
 def _make_directory_unsynced(self: FileStore) -> None:
@@ -785,16 +799,18 @@ def _make_directory_unsynced(self: FileStore) -> None:
         return
 
 
+_real_close_sync = FileRun.close_sync
+
+
 def _close_deleting_lock(self: FileRun) -> None:
-    """``FileRun.close_sync`` that deletes the lock file before releasing it."""
+    """``FileRun.close_sync`` that deletes the lock file before the real close releases it."""
     if self._lock_fd is not None:
         store = self._store
         # Another handle may have deleted it already: the flaw is that nothing
         # ties the name to the inode this handle locked.
         with suppress(FileNotFoundError):
             store.fs.unlink(self.run_id + ".lock", dir_fd=store._directory_fd())
-        store.fs.close(self._lock_fd)
-        self._lock_fd = None
+    _real_close_sync(self)
 
 
 _real_open_sync = FileStore.open_sync
@@ -812,7 +828,7 @@ def _open_recreating_lock(self: FileStore, run_id: str) -> tuple[FileRun, RunSta
 
 
 def _save_mutant(name: str, flaw: str) -> Mutant:
-    patch = (FileRun, "save_sync", _mutant_save(name))
+    patch = (FileRun, "_write_snapshot", _flawed_write(name))
     return Mutant(name=name, flaw=flaw, caught_by="check_protocol", patches=(patch,))
 
 

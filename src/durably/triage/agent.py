@@ -78,7 +78,11 @@ def build_agent(
     options = options or ToolOptions()
     task = world.load_task()
     tracker = world.tracker(
-        honour_keys=options.honour_keys, key_ttl=options.key_ttl, clock=clock, sync=sync
+        honour_keys=options.honour_keys,
+        key_ttl=options.key_ttl,
+        clock=clock,
+        sync=sync,
+        refile_guard=options.refile_guard,
     )
     return Agent(
         model=model or replay_model(world),

@@ -254,20 +254,17 @@ CHECKS: tuple[tuple[str, Callable[[_Scene], _Result]], ...] = (
 
 def run_checks(*, world: World, state: RunState, store_dir: Path) -> list[Check]:
     """Judge a run's world; one :class:`Check` per entry of :data:`CHECKS`."""
-    scene = _Scene(
-        world=world,
-        task=world.load_task(),
-        tracker=world.tracker(),
-        state=state,
-        store_dir=store_dir,
-    )
-    verdicts = []
-    for name, check in CHECKS:
-        try:
-            reason = check(scene)
-        except Exception as exc:  # a check that cannot run is a failed check, with its reason
-            reason = f"could not check: {type(exc).__name__}: {exc}"
-        verdicts.append(Check(name=name, ok=reason is None, reason=reason or ""))
+    with world.tracker() as tracker:
+        scene = _Scene(
+            world=world, task=world.load_task(), tracker=tracker, state=state, store_dir=store_dir
+        )
+        verdicts = []
+        for name, check in CHECKS:
+            try:
+                reason = check(scene)
+            except Exception as exc:  # a check that cannot run is a failed check, with its reason
+                reason = f"could not check: {type(exc).__name__}: {exc}"
+            verdicts.append(Check(name=name, ok=reason is None, reason=reason or ""))
     return verdicts
 
 

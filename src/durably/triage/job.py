@@ -72,7 +72,7 @@ class TriageJob:
             store=world.store(),
             approver=approver,
             model=replay_model(triage_world, fickle=config.fickle),
-            options=ToolOptions(honour_keys=config.honour_keys),
+            options=ToolOptions(honour_keys=config.honour_keys, refile_guard=config.refile_guard),
             sync=False,
         )
         agent.tools = {t.name: t for t in config.adapt(list(agent.tools.values()))}
@@ -85,11 +85,12 @@ class TriageJob:
     def effects(self, world: SweepWorld) -> Counter[str]:
         """Issues by cause, comments by issue and text, patches by file."""
         triage_world = self._world(world)
-        tracker = triage_world.tracker(sync=False)
-        causes = {issue.number: issue.cause for issue in tracker.issues()}
-        bodies = {comment.id: comment.body for comment in tracker.comments()}
+        with triage_world.tracker(sync=False) as tracker:
+            causes = {issue.number: issue.cause for issue in tracker.issues()}
+            bodies = {comment.id: comment.body for comment in tracker.comments()}
+            performed = tracker.effects()
         found: Counter[str] = Counter()
-        for effect in tracker.effects():
+        for effect in performed:
             if effect.kind == "issue":
                 found[f"issue {causes.get(effect.target, effect.target)}"] += 1
             else:
@@ -101,13 +102,14 @@ class TriageJob:
     def oracle(self, world: SweepWorld, request: ResolveRequest) -> Rerun | Done:
         """What a person finds by looking at the tracker and the files."""
         triage_world = self._world(world)
-        tracker = triage_world.tracker(sync=False)
         key = request.idempotency_key
         if request.tool == "file_issue":
-            hits = [i for i in tracker.issues() if i.key == key]
+            with triage_world.tracker(sync=False) as tracker:
+                hits = [i for i in tracker.issues() if i.key == key]
             return Done(json.dumps({"number": hits[0].number})) if hits else Rerun()
         if request.tool == "comment_issue":
-            notes = [c for c in tracker.comments() if c.key == key]
+            with triage_world.tracker(sync=False) as tracker:
+                notes = [c for c in tracker.comments() if c.key == key]
             return Done(json.dumps({"comment": notes[0].id})) if notes else Rerun()
         if request.tool == "code_patch":
             arguments = json.loads(request.arguments)

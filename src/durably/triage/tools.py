@@ -51,6 +51,8 @@ class ToolOptions:
     honour_keys: bool = True
     """The tracker deduplicates on idempotency keys."""
     key_ttl: timedelta = timedelta(hours=24)
+    refile_guard: bool = True
+    """The tracker refuses a second filing for a cause."""
 
 
 def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions) -> list[Tool]:

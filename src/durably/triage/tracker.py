@@ -12,7 +12,9 @@ crash did:
   records the key it was sent but does not deduplicate by it.
 - **The refile guard**, a business rule of the tracker itself: a second filing
   for a cause that already has an issue is refused with :class:`AlreadyFiled`,
-  naming the existing issue, whether or not keys are honoured.
+  naming the existing issue, whether or not keys are honoured. A tracker built
+  with ``refile_guard=False`` files it again (the sweep's "no refile guard"
+  configuration: a write run twice then shows as a duplicate issue).
 - **A lookup by key** (:meth:`Tracker.lookup`) and a **search** by content
   (:meth:`Tracker.search`), for the resolution ladder's second step.
 - **An audit trail**: every effect performed (:meth:`Tracker.effects`) and every
@@ -82,7 +84,7 @@ _SCHEMA = (
         number INTEGER PRIMARY KEY AUTOINCREMENT,
         title TEXT NOT NULL,
         body TEXT NOT NULL,
-        cause TEXT NOT NULL UNIQUE,
+        cause TEXT NOT NULL,
         reports TEXT NOT NULL,
         key TEXT,
         created TEXT NOT NULL)""",
@@ -287,6 +289,9 @@ class Tracker:
             records each request's key, but a repeat acts again.
         key_ttl: how long a key is remembered for deduplication.
         clock: the tracker's idea of now; the system clock (UTC) if not given.
+        refile_guard: refuse a second filing for a cause (:class:`AlreadyFiled`).
+            The guard is this rule, checked in the filing's transaction; without
+            it a cause can have several issues.
     """
 
     def __init__(
@@ -297,8 +302,10 @@ class Tracker:
         key_ttl: timedelta = DEFAULT_KEY_TTL,
         clock: Clock | None = None,
         sync: bool = True,
+        refile_guard: bool = True,
     ) -> None:
         self.path = Path(path)
+        self.refile_guard = refile_guard
         self.sync = sync
         """``synchronous=FULL`` (survives a power cut); off only where a test kills processes."""
         self.honour_keys = honour_keys
@@ -329,6 +336,19 @@ class Tracker:
 
     def __repr__(self) -> str:
         return f"Tracker({str(self.path)!r}, honour_keys={self.honour_keys})"
+
+    def close(self) -> None:
+        """Close this process's read connection (the tracker opens a new one if read again)."""
+        with self._reader_lock:
+            if self._reader is not None and self._reader_pid == os.getpid():
+                self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- writes -----------------------------------------------------------------
 
@@ -363,7 +383,7 @@ class Tracker:
             existing = connection.execute(
                 "SELECT number FROM issues WHERE cause = ?", (slug,)
             ).fetchone()
-            if existing is not None:
+            if existing is not None and self.refile_guard:
                 log("already_filed", existing[0])
                 raise AlreadyFiled(number=existing[0], cause=slug)
             cursor = connection.execute(

@@ -365,10 +365,16 @@ class World:
         key_ttl: timedelta = DEFAULT_KEY_TTL,
         clock: Clock | None = None,
         sync: bool = True,
+        refile_guard: bool = True,
     ) -> Tracker:
         """A client of this world's tracker, configured as given."""
         return Tracker(
-            self.tracker_path, honour_keys=honour_keys, key_ttl=key_ttl, clock=clock, sync=sync
+            self.tracker_path,
+            honour_keys=honour_keys,
+            key_ttl=key_ttl,
+            clock=clock,
+            sync=sync,
+            refile_guard=refile_guard,
         )
 
 
