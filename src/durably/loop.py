@@ -42,6 +42,7 @@ from .keys import idempotency_key, new_run_id
 from .models import Delta, Model, ModelRequest, ToolSpec
 from .state import (
     Approval,
+    ApprovalKind,
     AssistantMessage,
     AttemptMarker,
     Decision,
@@ -50,6 +51,7 @@ from .state import (
     Message,
     Phase,
     Resolution,
+    ResolutionOutcome,
     RunState,
     ToolCall,
     ToolPrint,
@@ -466,10 +468,14 @@ class _Driver:
                     decided_at=now,
                 )
             elif isinstance(answer, Rerun):
-                state.resolutions[call_id] = Resolution(step=3, outcome="rerun", detail="decided")
+                state.resolutions[call_id] = Resolution(
+                    step=3, outcome=ResolutionOutcome.RERUN, detail="decided"
+                )
                 state.markers.pop(call_id, None)
             elif isinstance(answer, Done):
-                state.resolutions[call_id] = Resolution(step=3, outcome="done", detail="decided")
+                state.resolutions[call_id] = Resolution(
+                    step=3, outcome=ResolutionOutcome.DONE, detail="decided"
+                )
                 self._record_result(call, answer.result, is_error=False)
             if pending is not None:
                 state.pending.pop(call_id, None)
@@ -669,7 +675,7 @@ class _Driver:
                     tool=tool.name,
                     arguments=call.arguments,
                     asked_at=self.agent.clock(),
-                    kind="resolve",
+                    kind=ApprovalKind.RESOLVE,
                     why=why,
                 )
                 state.phase = Phase.PAUSED
@@ -693,7 +699,7 @@ class _Driver:
         if state.phase is Phase.PAUSED and not state.pending:
             state.phase = Phase.TOOLS
         state.resolutions[call.id] = Resolution(
-            step=verdict.step, outcome=verdict.outcome, detail=verdict.detail
+            step=verdict.step, outcome=ResolutionOutcome(verdict.outcome), detail=verdict.detail
         )
         if verdict.result is not None:
             await self.finish(call, verdict.result, False)

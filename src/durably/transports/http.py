@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from ..errors import DurablyError
 from ..state import Effect
 from ..tools import (
     NOT_FOUND,
@@ -61,7 +62,7 @@ _MAX_RETRY_AFTER: Final = 5.0
 _BODY_IN_ERROR: Final = 2000
 
 
-class HttpToolError(Exception):
+class HttpToolError(DurablyError):
     """Raised by an HTTP tool when the service answers with a non-2xx status or cannot be reached.
 
     The loop turns it into an error result the model reads; ``status`` is None

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..errors import FieldsPickle
 from .tracker import DEFAULT_KEY_TTL, Clock, Tracker
 
 __all__ = [
@@ -54,7 +55,7 @@ _FILE_MODE = 0o644
 _DIR_MODE = 0o755
 
 
-class WorldError(Exception):
+class WorldError(FieldsPickle, Exception):
     """Raised when a world or a task cannot be set up as asked; the message says why."""
 
 
