@@ -427,9 +427,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument(
         "--approve",
-        choices=("on", "off"),
+        choices=("on", "off", "later"),
         default="on",
-        help="ask on the terminal before filing issues (on), or approve everything (off)",
+        help="ask on the terminal before filing issues (on), approve everything (off), or "
+        "pause for `durably answer` or the console (later)",
     )
     triage.add_argument(
         "--model",
@@ -494,6 +495,9 @@ def _parser() -> argparse.ArgumentParser:
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
     _add_worker_commands(commands)
+    from .cli_person import add_person_commands
+
+    add_person_commands(commands, max_resumes=_positive_int)
     return parser
 
 
