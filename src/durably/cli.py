@@ -173,7 +173,8 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    directory = runs_dir(args.state)
+    # A directory given by itself is the one a FileStore/JournalStore was given.
+    directory = Path(args.store) if args.store else runs_dir(args.state)
     if not directory.is_dir():
         # An empty table would hide a mistyped --state; nothing is created here.
         errors.print(
@@ -492,6 +493,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.set_defaults(handler=_cmd_sweep)
 
     runs_cmd = commands.add_parser("runs", help="list runs")
+    runs_cmd.add_argument(
+        "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
+    )
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
     _add_worker_commands(commands)

@@ -203,7 +203,8 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
         return EXIT["failed"] if unreadable else EXIT["done"]
     table = Table(title=f"open questions in {choice.describe()}", title_justify="left")
     for column in ("run", "call", "tool", "effect", "kind", "arguments", "key", "started", "why"):
-        table.add_column(column, overflow="fold")
+        # IDs stay whole (people copy them into `durably answer`); the rest folds.
+        table.add_column(column, overflow="fold", no_wrap=column in ("run", "call"))
     for row in rows:
         table.add_row(
             row["run"],
