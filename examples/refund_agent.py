@@ -76,8 +76,13 @@ def agent() -> Agent:
         [
             Reply(
                 text="Order 1042 was charged twice; refunding the duplicate.",
-                calls=[Call(id="call-refund-1042", name="refund",
-                            arguments='{"order_id": "1042", "cents": 2500}')],
+                calls=[
+                    Call(
+                        id="call-refund-1042",
+                        name="refund",
+                        arguments='{"order_id": "1042", "cents": 2500}',
+                    )
+                ],
             ),
             Reply(text="Refunded 25.00 on order 1042."),
         ]

@@ -1,0 +1,195 @@
+"""``durably pending``, ``answer`` and ``resume`` on the directory a user's FileStore writes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from durably.cli import main
+from durably.stores.file import FileStore
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+DURABLY = [sys.executable, "-m", "durably"]
+
+
+@dataclass
+class Result:
+    """What a command printed and how it exited."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Result]:
+    """Runs one ``durably`` command in this process, in a given directory."""
+    monkeypatch.delenv("DURABLY_DSN", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def command(cwd: Path, *args: str) -> Result:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out, err = capsys.readouterr()
+        return Result(int(exited.value.code or 0), out, err)
+
+    return command
+
+
+def in_a_process(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One ``durably`` command in its own process, as an operator runs it."""
+    environment = {**os.environ, "PYTHONPATH": str(EXAMPLES)}
+    environment.pop("DURABLY_DSN", None)
+    return subprocess.run(
+        [*DURABLY, *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def paused_refund(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The README's refund agent, started by the service's own code; it pauses for approval."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    refund_agent = importlib.import_module("refund_agent")
+    outcome = refund_agent.agent().run_sync("refund order 1042", name="refund")
+    assert outcome.status == "paused"
+    return str(outcome.run_id)
+
+
+def test_an_approval_round_trip_finishes_a_paused_run_of_the_users_agent(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """pending lists the question, answer saves yes, resume --agent finishes; one refund made."""
+    listed = run(tmp_path, "pending", "runs/", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [question] = json.loads(listed.stdout)
+    assert question["run"] == paused_refund
+    assert (question["call"], question["tool"], question["effect"]) == (
+        "call-refund-1042",
+        "refund",
+        "keyed",
+    )
+    assert question["kind"] == "approval"
+    assert json.loads(question["arguments"]) == {"order_id": "1042", "cents": 2500}
+
+    answered = run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/")
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(run(tmp_path, "pending", "runs/", "--json").stdout) == []
+    assert not (tmp_path / "refunds.jsonl").exists()  # answering runs nothing
+
+    resumed = in_a_process(
+        tmp_path, "resume", paused_refund, "runs/", "--agent", "refund_agent:agent"
+    )
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Refunded 25.00 on order 1042." in resumed.stdout
+    ledger = (tmp_path / "refunds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["order"] for line in ledger] == ["1042"]
+    assert FileStore(tmp_path / "runs").read_sync(paused_refund).phase == "done"
+    listed_runs = run(tmp_path, "runs", "runs/")
+    assert paused_refund in listed_runs.stdout
+    assert "done" in listed_runs.stdout
+
+
+def test_a_stale_answer_is_refused_with_its_reason_and_exit_1(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """A second answer to an answered question exits 1 and says the question was answered."""
+    assert (
+        run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/").returncode == 0
+    )
+
+    again = run(
+        tmp_path, "answer", paused_refund, "call-refund-1042", "no", "runs/", "--reason", "stop"
+    )
+
+    assert again.returncode == 1
+    assert "already answered (approved)" in again.stderr
+    assert (
+        FileStore(tmp_path / "runs").read_sync(paused_refund).decisions["call-refund-1042"].approved
+    )
+
+
+def test_an_answer_that_does_not_fit_is_refused(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """rerun does not answer an approval; a reason goes only with no (bad usage, exit 2)."""
+    wrong = run(tmp_path, "answer", paused_refund, "call-refund-1042", "rerun", "runs/")
+    assert wrong.returncode == 1
+    assert "whether the call may run (yes or no)" in wrong.stderr
+    misplaced = run(
+        tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/", "--reason", "x"
+    )
+    assert misplaced.returncode == 2
+    assert "reason goes with `no`" in misplaced.stderr
+    assert list(FileStore(tmp_path / "runs").read_sync(paused_refund).pending) == [
+        "call-refund-1042"
+    ]
+
+
+def test_a_run_held_by_another_process_answers_locked_exit_4(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """While the run is owned elsewhere, answer exits 4 (locked) and saves nothing."""
+    store = FileStore(tmp_path / "runs")
+    handle, _ = store.open_sync(paused_refund)
+    try:
+        locked = run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/")
+    finally:
+        handle.close_sync()
+    assert locked.returncode == 4
+    assert "is open in another process" in locked.stderr
+    assert list(store.read_sync(paused_refund).pending) == ["call-refund-1042"]
+
+
+def test_a_missing_store_directory_is_named_and_nothing_is_created(
+    tmp_path: Path, run: Callable[..., Result]
+) -> None:
+    """A mistyped store directory is a usage error naming it; no directory appears."""
+    for args in (("pending", "nope/"), ("answer", "r", "c", "yes", "nope/"), ("console", "nope/")):
+        result = run(tmp_path, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "no store at nope" in result.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+def test_resume_names_a_bad_agent_factory(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """An --agent that cannot be imported or found is a usage error saying which part."""
+    for spec, message in (
+        ("refund_agent", "write MODULE:FACTORY"),
+        ("no_such_module:agent", "cannot import 'no_such_module'"),
+        ("refund_agent:nothing", "has no 'nothing'"),
+    ):
+        result = run(tmp_path, "resume", paused_refund, "runs/", "--agent", spec)
+        assert result.returncode == 2, (spec, result.stderr)
+        assert message in result.stderr
+
+
+def test_resume_stops_at_the_next_question_with_exit_3(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """Resuming a run whose question is still open leaves it paused (exit 3), nothing refunded."""
+    result = run(tmp_path, "resume", paused_refund, "runs/", "--agent", "refund_agent:agent")
+    assert result.returncode == 3, result.stderr
+    assert "1 question(s) wait for a person" in result.stdout
+    assert not (tmp_path / "refunds.jsonl").exists()
