@@ -24,6 +24,7 @@ from pathlib import Path
 import durably
 from durably import Agent, Call, Effect, FileStore, Limits, Reply, ScriptedModel, ToolContext, tool
 from durably.decisions import AskLater
+from durably.stores import Store
 
 
 class Payments:
@@ -70,8 +71,12 @@ async def refund(ctx: ToolContext, order_id: str, cents: int) -> str:
     return await payments.refund(order_id, cents, idempotency_key=ctx.idempotency_key)
 
 
-def agent() -> Agent:
-    """The refund agent, on the store the service uses (``durably resume --agent``)."""
+def agent(store: Store | None = None) -> Agent:
+    """The refund agent, on the store the service uses (``durably resume --agent``).
+
+    Args:
+        store: another store (a worker passes ``durably.worker.WORKER_STORE``).
+    """
     model = ScriptedModel(
         [
             Reply(
@@ -90,7 +95,7 @@ def agent() -> Agent:
     return Agent(
         model=model,
         tools=[refund],
-        store=FileStore(os.environ.get("REFUND_STORE", "runs/")),
+        store=store or FileStore(os.environ.get("REFUND_STORE", "runs/")),
         limits=Limits(max_turns=30, max_dollars=2.0),
         approver=AskLater(),
         system="You handle refunds.",

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .decisions import WORDS, answer, parse_answer, questions
-from .errors import DurablyError
+from .errors import DurablyError, RunNotFound
 from .stores import Store
 
 __all__ = ["StoreChoice", "add_person_commands", "choose_store", "load_factory", "opened_store"]
@@ -160,6 +160,8 @@ async def _pending(choice: StoreChoice) -> tuple[list[dict[str, Any]], list[str]
         for run_id in await store.list_runs():
             try:
                 state = await store.read(run_id)
+            except RunNotFound:
+                continue  # queued on Postgres (no state yet), or removed since the listing
             except DurablyError as exc:
                 unreadable.append(f"{run_id}: {exc}")
                 continue

@@ -126,6 +126,8 @@ def create_app(
         for run_id in await store.list_runs():
             try:
                 found.append(await store.read(run_id))
+            except RunNotFound:
+                continue  # queued on Postgres (no state yet), or removed since the listing
             except DurablyError as exc:
                 problems.append(f"{run_id}: {exc}")
         found.sort(key=lambda s: s.created_at, reverse=True)
