@@ -9,40 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _console_runs import RUN, paused_run
 from starlette.testclient import TestClient
 
 import durably
-from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli_person import StoreChoice
 from durably.console.server import create_app
-from durably.decisions import AskLater, answer
+from durably.decisions import answer
 from durably.state import Phase
 from durably.stores.file import FileStore
 
 TOKEN = "t0ken-for-tests"  # noqa: S105 (a test token, not a secret)
-RUN = "refund-1"
-HOSTILE = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
-
-
-def paused_run(runs: Path) -> None:
-    """A run whose model wrote markup, paused on an approval whose arguments hold markup too."""
-
-    @tool(effect=Effect.KEYED, needs_approval=True)
-    async def refund(ctx: ToolContext, order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    model = ScriptedModel(
-        [
-            Reply(
-                text=f"Refunding. {HOSTILE}",
-                calls=[Call(id="c1", name="refund", arguments='{"order_id": "' + "</pre>" + '"}')],
-            ),
-            Reply(text="done"),
-        ]
-    )
-    agent = Agent(model=model, tools=[refund], store=FileStore(runs), approver=AskLater())
-    assert asyncio.run(agent.run(f"refund {HOSTILE}", run_id=RUN)).status == "paused"
 
 
 @pytest.fixture

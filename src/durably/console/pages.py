@@ -47,6 +47,20 @@ def _pretty(arguments: str) -> str:
         return arguments
 
 
+def _block(text: str, *, label: str, css: str = "") -> str:
+    """Text in a ``<pre>``; long text folded in a ``<details>`` that opens on a click."""
+    lines = text.splitlines()
+    attribute = f' class="{css}"' if css else ""
+    if len(lines) <= 8 and len(text) <= 600:
+        return f"<pre{attribute}>{e(text)}</pre>"
+    first = (lines[0] if lines else "")[:120]
+    count = f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
+    return (
+        f'<details><summary><code>{e(first)}</code> <span class="dim">… {e(label)}, '
+        f"{count}</span></summary><pre{attribute}>{e(text)}</pre></details>"
+    )
+
+
 def _phase(phase: Phase | str) -> str:
     return f'<span class="phase phase-{e(phase)}">{e(phase)}</span>'
 
@@ -289,7 +303,7 @@ def _call(
         f'<div><code>{e(name)}</code> <span class="effect-{e(effect)}">{e(effect)}</span> '
         f'<span class="dim">{e(call_id)} · key {e(idempotency_key(state.run_id, call_id))}'
         "</span></div>",
-        f"<pre>{e(_pretty(arguments))}</pre>",
+        _block(_pretty(arguments), label="arguments"),
     ]
     if marker is not None:
         lines.append(
@@ -315,7 +329,9 @@ def _call(
     result = results.get(call_id)
     if result is not None:
         label = "error" if result.is_error else "result"
-        lines.append(f'<div class="dim">{label}</div><pre class="result">{e(result.content)}</pre>')
+        lines.append(
+            f'<div class="dim">{label}</div>' + _block(result.content, label=label, css="result")
+        )
     doubt = " in-doubt" if marker is not None else ""
     return f'<div class="call{doubt}" id="call-{e(call_id)}">{"".join(lines)}</div>'
 

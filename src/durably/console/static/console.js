@@ -14,6 +14,7 @@
     var url = new URL(window.location.href);
     url.searchParams.set("fragment", "1");
     url.searchParams.delete("token");
+    url.searchParams.delete("saved");  // a confirmation is shown once, not on every update
     fetch(url.toString(), { credentials: "same-origin", cache: "no-store" })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (text) {
