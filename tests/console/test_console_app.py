@@ -163,3 +163,10 @@ def test_recorded_workspace_files_are_checked_against_the_disk(tmp_path: Path) -
         page = client.get(f"/runs/{RUN}").text
     rows = dict(re.findall(r"<code>([a-z]+\.txt)</code>.*?class=\"[a-z-]+\">([a-z ]+)</td>", page))
     assert rows == {"edited.txt": "changed", "gone.txt": "missing", "same.txt": "matches"}
+
+
+def test_an_unknown_or_malformed_run_is_not_found(client: TestClient) -> None:
+    """A run ID that is not in the store, or could never be one, is a 404 naming it."""
+    assert client.get("/runs/nope").status_code == 404
+    missing = client.get("/runs/..%2F..%2Fetc")
+    assert missing.status_code == 404

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from starlette.testclient import TestClient
 
+from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import main
+from durably.cli_person import StoreChoice
+from durably.console.server import create_app
+from durably.decisions import AskLater
 from durably.errors import RunNotFound
 from durably.state import Phase
 from durably.stores.postgres import PostgresStore
@@ -106,3 +111,30 @@ def test_an_answer_on_postgres_hands_the_run_back_to_the_workers(
     assert [json.loads(line)["order"] for line in ledger] == ["1042"]
     code, out, _ = cli(capsys, "pending", "--dsn", pg_dsn, "--json")
     assert (code, json.loads(out)) == (0, [])
+
+
+def test_the_console_answers_a_run_in_postgres(pg_dsn: str) -> None:
+    """The console lists a Postgres run's question and its answer hands the run to workers."""
+
+    @tool(effect=Effect.KEYED, needs_approval=True)
+    async def refund(ctx: ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    async def start() -> None:
+        async with PostgresStore(pg_dsn) as store:
+            model = ScriptedModel(
+                [Reply(calls=[Call(id="c1", name="refund", arguments='{"order_id": "7"}')])]
+            )
+            agent = Agent(model=model, tools=[refund], store=store, approver=AskLater())
+            assert (await agent.run("refund 7", run_id="pg-run")).status == "paused"
+
+    asyncio.run(start())
+    app = create_app(StoreChoice(dsn=pg_dsn), token="t")  # noqa: S106 (a test token)
+    with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
+        assert 'data-call="c1"' in client.get("/questions").text
+        response = client.post(
+            "/runs/pg-run/answer", data={"call": "c1", "answer": "yes", "token": "t"}
+        )
+        assert response.status_code == 303
+    assert claimable(pg_dsn, "pg-run")

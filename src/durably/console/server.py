@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..cli_person import StoreChoice, opened_store
 from ..decisions import answer, parse_answer
-from ..errors import AnswerRefused, DurablyError, OwnershipError, RunNotFound
+from ..errors import AnswerRefused, DurablyError, InvalidRunId, OwnershipError, RunNotFound
 from ..state import RunState
 from ..stores import Store
 from .pages import FileCheck, Page, error_page, questions_page, run_page, runs_page
@@ -146,7 +146,7 @@ def create_app(
         run_id = request.path_params["run_id"]
         try:
             state = await stores[0].read(run_id)
-        except RunNotFound as exc:
+        except (RunNotFound, InvalidRunId) as exc:
             return respond(request, error_page(page(request), "no such run", str(exc)), 404)
         except DurablyError as exc:
             return respond(request, error_page(page(request), "unreadable run", str(exc)), 500)
