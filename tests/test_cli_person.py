@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import main
+from durably.decisions import AskLater
+from durably.state import ToolResult
 from durably.stores.file import FileStore
+from durably.tools import ToolInDoubt
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 DURABLY = [sys.executable, "-m", "durably"]
@@ -193,3 +197,55 @@ def test_resume_stops_at_the_next_question_with_exit_3(
     assert result.returncode == 3, result.stderr
     assert "1 question(s) wait for a person" in result.stdout
     assert not (tmp_path / "refunds.jsonl").exists()
+
+
+class Poster:
+    """A service whose reply to a post was lost: the post may or may not have landed."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+
+    def agent(self, runs: Path) -> Agent:
+        @tool(effect=Effect.WRITE)
+        async def post(ctx: ToolContext, text: str) -> str:
+            """Post a note (no key, no lookup)."""
+            self.posts += 1
+            raise ToolInDoubt("the connection dropped before the reply")
+
+        model = ScriptedModel(
+            [
+                Reply(calls=[Call(id="c1", name="post", arguments='{"text": "hello"}')]),
+                Reply(text="posted"),
+            ]
+        )
+        return Agent(model=model, tools=[post], store=FileStore(runs), approver=AskLater())
+
+
+def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
+    tmp_path: Path, run: Callable[..., Result]
+) -> None:
+    """pending shows why the ladder stopped; done --result becomes the call's result, no rerun."""
+    poster = Poster()
+    outcome = poster.agent(tmp_path / "runs").run_sync("post hello", run_id="post-1")
+    assert outcome.status == "paused"
+
+    [question] = json.loads(run(tmp_path, "pending", "runs/", "--json").stdout)
+    assert (question["kind"], question["effect"], question["answers"]) == (
+        "in doubt",
+        "write",
+        ["rerun", "done"],
+    )
+    assert question["started_at"] is not None
+    assert question["why"]
+    refused = run(tmp_path, "answer", "post-1", "c1", "yes", "runs/")
+    assert refused.returncode == 1
+    assert "whether the call happened (rerun or done)" in refused.stderr
+    saved = run(tmp_path, "answer", "post-1", "c1", "done", "runs/", "--result", "note #7")
+    assert saved.returncode == 0, saved.stderr
+
+    finished = poster.agent(tmp_path / "runs").resume_sync("post-1")
+
+    assert finished.status == "done"
+    assert poster.posts == 1
+    results = [m.content for m in finished.state.messages if isinstance(m, ToolResult)]
+    assert results == ["note #7"]
