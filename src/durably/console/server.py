@@ -235,6 +235,9 @@ def serve(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
+    # Listening before the address is printed: a browser (or a script) that opens it at
+    # once waits in the backlog until uvicorn accepts, instead of being refused.
+    sock.listen(128)
     bound = sock.getsockname()[1]
     hosts = ["127.0.0.1", "localhost", "::1", "[::1]", host]
     app = create_app(choice, token=token, read_only=read_only, workspace=workspace, hosts=hosts)
