@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -259,3 +262,50 @@ def test_record_answer_leaves_a_run_paused_while_other_questions_stand() -> None
     record_answer(state, "b", durably.Yes(), now=NOW)
     assert state.phase is Phase.TOOLS
     assert state.pending == {}
+
+
+_ANSWER_AND_DIE = """
+import asyncio, sys
+from durably import Yes
+from durably.decisions import answer
+from durably.faults import CrashPlan, installed
+from durably.stores.file import FileStore
+with installed(CrashPlan(label=sys.argv[2])):
+    asyncio.run(answer(FileStore(sys.argv[1]), "refund-1", "c1", Yes()))
+sys.exit("the crash point was never reached")
+"""
+
+
+@pytest.mark.parametrize(
+    ("label", "landed"),
+    [
+        ("store.save.temp_written", False),
+        ("store.save.temp_synced", False),
+        ("store.save.renamed", True),
+        ("store.save.dir_synced", True),
+    ],
+)
+def test_a_process_killed_while_answering_leaves_the_question_or_the_answer(
+    store: FileStore, label: str, landed: bool
+) -> None:
+    """SIGKILL inside the answer's save leaves either the open question or the saved yes, whole."""
+    ledger = Ledger()
+    paused(store, ledger)
+
+    child = subprocess.run(
+        [sys.executable, "-c", _ANSWER_AND_DIE, str(store.directory), label],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    state = store.read_sync(RUN)
+    assert ("c1" in state.decisions) is landed
+    assert ("c1" in state.pending) is not landed
+    if not landed:  # the person answers again; the lock died with the process
+        asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+    outcome = asyncio.run(build(store, ledger).resume(RUN))
+    assert outcome.status == "done"
+    assert ledger.refunds == ["1042"]
