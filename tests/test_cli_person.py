@@ -187,6 +187,19 @@ def test_resume_names_a_bad_agent_factory(
         result = run(tmp_path, "resume", paused_refund, "runs/", "--agent", spec)
         assert result.returncode == 2, (spec, result.stderr)
         assert message in result.stderr
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "resume",
+                paused_refund,
+                "runs/",
+                "--agent",
+                "refund_agent:agent",
+                "--max-resumes",
+                "0",
+            ]
+        )
+    assert exited.value.code == 2
 
 
 def test_resume_stops_at_the_next_question_with_exit_3(

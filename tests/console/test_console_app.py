@@ -16,7 +16,9 @@ import durably
 from durably.cli_person import StoreChoice
 from durably.console.server import create_app
 from durably.decisions import answer
+from durably.errors import StoreUnavailable
 from durably.state import Phase
+from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 
 TOKEN = "t0ken-for-tests"  # noqa: S105 (a test token, not a secret)
@@ -170,3 +172,19 @@ def test_an_unknown_or_malformed_run_is_not_found(client: TestClient) -> None:
     assert client.get("/runs/nope").status_code == 404
     missing = client.get("/runs/..%2F..%2Fetc")
     assert missing.status_code == 404
+
+
+def test_a_store_that_fails_is_a_page_saying_so(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that cannot be reached answers 503 with the store's own message, no traceback."""
+
+    async def unreachable(self: DirectoryStore) -> list[str]:
+        raise StoreUnavailable(where=str(self.directory), reason="the disk went away")
+
+    monkeypatch.setattr(DirectoryStore, "list_runs", unreachable)
+    for client in client_for(runs):
+        response = client.get("/")
+    assert response.status_code == 503
+    assert "the store failed" in response.text
+    assert "the disk went away" in response.text

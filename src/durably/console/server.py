@@ -202,9 +202,16 @@ def create_app(
     ]
     if not read_only:
         routes.append(Route("/runs/{run_id}/answer", answer_route, methods=["POST"]))
+
+    async def store_failed(request: Request, exc: Exception) -> Response:
+        # The store itself failed (a database outage, an unreadable directory): say so
+        # on the page, keep serving, and let the next poll try again.
+        return _html(error_page(page(request), "the store failed", str(exc)), 503)
+
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        exception_handlers={DurablyError: store_failed},
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))],
     )
 
