@@ -80,7 +80,9 @@ def test_an_answered_approval_lets_the_resume_run_the_call_once(store: FileStore
     paused(store, ledger)
     assert [q.call_id for q in questions(store.read_sync(RUN))] == ["c1"]
 
-    saved = asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+    saved = asyncio.run(
+        answer(store, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock)
+    )
 
     assert saved.pending == {}
     assert saved.phase is Phase.TOOLS
@@ -95,7 +97,9 @@ def test_a_refusal_reaches_the_model_and_the_call_never_runs(store: FileStore) -
     """An approval answered with no gives the model the reason; the call does not run."""
     ledger = Ledger()
     paused(store, ledger)
-    asyncio.run(answer(store, RUN, "c1", durably.No("not this order"), clock=clock))
+    asyncio.run(
+        answer(store, run_id=RUN, call_id="c1", decision=durably.No("not this order"), clock=clock)
+    )
 
     outcome = asyncio.run(build(store, ledger).resume(RUN))
 
@@ -118,7 +122,7 @@ def test_an_in_doubt_call_is_rerun_or_taken_as_done(
     [question] = questions(store.read_sync(RUN))
     assert (question.kind, question.effect, question.started_at) == ("resolve", "write", NOW)
 
-    asyncio.run(answer(store, RUN, "c1", given, clock=clock))
+    asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=given, clock=clock))
     outcome = asyncio.run(build(store, ledger, in_doubt=True).resume(RUN))
 
     assert outcome.status == "done"
@@ -136,7 +140,7 @@ def test_an_answer_is_the_same_decision_as_resume_with_decisions(
     paused(one, Ledger(), in_doubt=in_doubt)
     paused(two, Ledger(), in_doubt=in_doubt)
 
-    asyncio.run(answer(one, RUN, "c1", given, clock=clock))
+    asyncio.run(answer(one, run_id=RUN, call_id="c1", decision=given, clock=clock))
     by_answer = asyncio.run(build(one, Ledger(), in_doubt=in_doubt).resume(RUN)).state
     by_resume = asyncio.run(
         build(two, Ledger(), in_doubt=in_doubt).resume(RUN, decisions={"c1": given})
@@ -150,11 +154,15 @@ def test_a_question_answered_already_is_refused_and_nothing_is_saved(store: File
     """A second answer to the same question is refused with the reason; the state is untouched."""
     ledger = Ledger()
     paused(store, ledger)
-    asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+    asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock))
     before = store.read_sync(RUN)
 
     with pytest.raises(AnswerRefused, match="already answered"):
-        asyncio.run(answer(store, RUN, "c1", durably.No("changed my mind"), clock=clock))
+        asyncio.run(
+            answer(
+                store, run_id=RUN, call_id="c1", decision=durably.No("changed my mind"), clock=clock
+            )
+        )
 
     assert encode_state(store.read_sync(RUN)) == encode_state(before)
 
@@ -174,7 +182,7 @@ def test_an_answer_that_does_not_fit_its_question_is_refused(
     before = encode_state(store.read_sync(RUN))
 
     with pytest.raises(AnswerRefused, match=reason):
-        asyncio.run(answer(store, RUN, "c1", given, clock=clock))
+        asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=given, clock=clock))
 
     assert encode_state(store.read_sync(RUN)) == before
 
@@ -184,12 +192,12 @@ def test_a_finished_run_and_an_unknown_call_are_refused(store: FileStore) -> Non
     ledger = Ledger()
     paused(store, ledger)
     with pytest.raises(AnswerRefused, match="no such call"):
-        asyncio.run(answer(store, RUN, "c9", durably.Yes(), clock=clock))
-    asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+        asyncio.run(answer(store, run_id=RUN, call_id="c9", decision=durably.Yes(), clock=clock))
+    asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock))
     asyncio.run(build(store, ledger).resume(RUN))
 
     with pytest.raises(AnswerRefused, match="the run is done"):
-        asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+        asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock))
 
 
 def test_a_run_owned_elsewhere_is_locked_and_left_as_it_was(store: FileStore) -> None:
@@ -198,7 +206,9 @@ def test_a_run_owned_elsewhere_is_locked_and_left_as_it_was(store: FileStore) ->
     handle, _ = store.open_sync(RUN)
     try:
         with pytest.raises(Locked):
-            asyncio.run(answer(FileStore(store.directory), RUN, "c1", durably.Yes()))
+            asyncio.run(
+                answer(FileStore(store.directory), run_id=RUN, call_id="c1", decision=durably.Yes())
+            )
     finally:
         handle.close_sync()
     assert list(store.read_sync(RUN).pending) == ["c1"]
@@ -214,7 +224,7 @@ def test_a_directory_store_answers_runs_of_either_file_store(
     paused(theirs, ledger)
     directory = DirectoryStore(tmp_path / "runs")
 
-    asyncio.run(answer(directory, RUN, "c1", durably.Yes(), clock=clock))
+    asyncio.run(answer(directory, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock))
 
     assert theirs.read_sync(RUN).decisions["c1"].approved
     outcome = asyncio.run(build(kind(tmp_path / "runs"), ledger).resume(RUN))
@@ -255,11 +265,11 @@ def test_record_answer_leaves_a_run_paused_while_other_questions_stand() -> None
         )
     state.markers.clear()
 
-    record_answer(state, "a", durably.Yes(), now=NOW)
+    record_answer(state, call_id="a", decision=durably.Yes(), now=NOW)
 
     assert state.phase is Phase.PAUSED
     assert list(state.pending) == ["b"]
-    record_answer(state, "b", durably.Yes(), now=NOW)
+    record_answer(state, call_id="b", decision=durably.Yes(), now=NOW)
     assert state.phase is Phase.TOOLS
     assert state.pending == {}
 
@@ -271,7 +281,7 @@ from durably.decisions import answer
 from durably.faults import CrashPlan, installed
 from durably.stores.file import FileStore
 with installed(CrashPlan(label=sys.argv[2])):
-    asyncio.run(answer(FileStore(sys.argv[1]), "refund-1", "c1", Yes()))
+    asyncio.run(answer(FileStore(sys.argv[1]), run_id="refund-1", call_id="c1", decision=Yes()))
 sys.exit("the crash point was never reached")
 """
 
@@ -305,7 +315,7 @@ def test_a_process_killed_while_answering_leaves_the_question_or_the_answer(
     assert ("c1" in state.decisions) is landed
     assert ("c1" in state.pending) is not landed
     if not landed:  # the person answers again; the lock died with the process
-        asyncio.run(answer(store, RUN, "c1", durably.Yes(), clock=clock))
+        asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=durably.Yes(), clock=clock))
     outcome = asyncio.run(build(store, ledger).resume(RUN))
     assert outcome.status == "done"
     assert ledger.refunds == ["1042"]

@@ -245,7 +245,7 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
 
     async def save() -> None:
         async with opened_store(choice) as store:
-            await answer(store, args.run, args.call, given)
+            await answer(store, run_id=args.run, call_id=args.call, decision=given)
 
     asyncio.run(save())  # Locked -> exit 4, AnswerRefused -> exit 1 (cli.main maps them)
     console.print(

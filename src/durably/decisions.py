@@ -116,7 +116,7 @@ def parse_answer(word: str, *, reason: str | None = None, result: str | None = N
     return Done(result if result else "done (confirmed by a person)")
 
 
-def record_answer(state: RunState, call_id: str, given: Answer, *, now: datetime) -> None:
+def record_answer(state: RunState, *, call_id: str, decision: Answer, now: datetime) -> None:
     """Record a person's answer in ``state`` as ``resume(decisions=...)`` records it.
 
     Raises:
@@ -136,26 +136,26 @@ def record_answer(state: RunState, call_id: str, given: Answer, *, now: datetime
     # The same rule as the loop's: Yes/No approve a call that has not run; Rerun/Done
     # settle a call that may have acted (it has an attempt marker).
     in_doubt = call_id in state.markers
-    if isinstance(given, Yes | No) == in_doubt:
+    if isinstance(decision, Yes | No) == in_doubt:
         asked = (
             "whether the call happened (rerun or done)"
             if in_doubt
             else "whether the call may run (yes or no)"
         )
         raise AnswerRefused(run_id=state.run_id, call_id=call_id, reason=f"the question is {asked}")
-    if isinstance(given, Yes | No):
+    if isinstance(decision, Yes | No):
         state.decisions[call_id] = Decision(
-            approved=isinstance(given, Yes),
-            reason=given.reason if isinstance(given, No) else None,
+            approved=isinstance(decision, Yes),
+            reason=decision.reason if isinstance(decision, No) else None,
             decided_at=now,
         )
-    elif isinstance(given, Rerun):
+    elif isinstance(decision, Rerun):
         state.resolutions[call_id] = Resolution(step=3, outcome="rerun", detail="decided")
         state.markers.pop(call_id, None)
     else:
         state.resolutions[call_id] = Resolution(step=3, outcome="done", detail="decided")
         state.messages.append(
-            ToolResult(call_id=call.id, name=call.name, content=given.result, is_error=False)
+            ToolResult(call_id=call.id, name=call.name, content=decision.result, is_error=False)
         )
         state.markers.pop(call_id, None)
     state.pending.pop(call_id, None)
@@ -186,10 +186,10 @@ def _why_not_open(state: RunState, call_id: str) -> str:
 
 async def answer(
     store: Store,
+    *,
     run_id: str,
     call_id: str,
-    given: Answer,
-    *,
+    decision: Answer,
     clock: Callable[[], datetime] = utcnow,
 ) -> RunState:
     """Save a person's answer to one open question of a run, under the run's lock.
@@ -198,7 +198,7 @@ async def answer(
         store: where the run lives.
         run_id: the paused run.
         call_id: the call the question is about.
-        given: ``Yes()``/``No(reason)`` for an approval, ``Rerun()``/``Done(result)``
+        decision: ``Yes()``/``No(reason)`` for an approval, ``Rerun()``/``Done(result)``
             for an in-doubt call.
         clock: the decision's time.
 
@@ -211,7 +211,7 @@ async def answer(
     """
     handle, state = await store.open(run_id)
     try:
-        record_answer(state, call_id, given, now=clock())
+        record_answer(state, call_id=call_id, decision=decision, now=clock())
         await shielded(handle.save(state))
     finally:
         await shielded(handle.close())

@@ -106,7 +106,7 @@ def test_an_answer_with_the_token_is_the_same_saved_decision(
 
 def test_a_stale_answer_is_refused_with_a_visible_reason(client: TestClient, runs: Path) -> None:
     """An answer to a question answered meanwhile (here by the CLI's function) shows why, 409."""
-    asyncio.run(answer(FileStore(runs), RUN, "c1", durably.Yes()))
+    asyncio.run(answer(FileStore(runs), run_id=RUN, call_id="c1", decision=durably.Yes()))
 
     response = client.post(
         f"/runs/{RUN}/answer", data={"call": "c1", "answer": "no", "token": TOKEN}
