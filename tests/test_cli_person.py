@@ -262,3 +262,24 @@ def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
     assert poster.posts == 1
     results = [m.content for m in finished.state.messages if isinstance(m, ToolResult)]
     assert results == ["note #7"]
+
+
+def test_pending_prints_model_text_literally(tmp_path: Path, run: Callable[..., Result]) -> None:
+    """Arguments that look like Rich markup are printed as written, never interpreted."""
+
+    @tool(effect=Effect.KEYED, needs_approval=True)
+    async def refund(ctx: ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    odd = '{"order_id": "[/bold][red]1042[/red]"}'
+    model = ScriptedModel([Reply(calls=[Call(id="c1", name="refund", arguments=odd)])])
+    agent = Agent(
+        model=model, tools=[refund], store=FileStore(tmp_path / "runs"), approver=AskLater()
+    )
+    assert agent.run_sync("refund", run_id="odd-1").status == "paused"
+
+    listed = run(tmp_path, "pending", "runs/")
+
+    assert listed.returncode == 0, listed.stderr
+    assert "[/bold][red]1042[/red]" in listed.stdout

@@ -28,6 +28,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .decisions import WORDS, answer, parse_answer, questions
 from .errors import DurablyError, RunNotFound
@@ -208,7 +209,8 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
         # IDs stay whole (people copy them into `durably answer`); the rest folds.
         table.add_column(column, overflow="fold", no_wrap=column in ("run", "call"))
     for row in rows:
-        table.add_row(
+        # Arguments and reasons come from the model: Text, never read as Rich markup.
+        cells = (
             row["run"],
             row["call"],
             row["tool"],
@@ -218,10 +220,9 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
             row["key"],
             row["started_at"] or "-",
             row["why"] or "-",
-            # Arguments and reasons come from the model: never read them as markup.
-            style=None,
         )
-    console.print(table, markup=False)
+        table.add_row(*(Text(cell) for cell in cells))
+    console.print(table)
     console.print(
         "answer with: durably answer RUN CALL yes|no (approval) or rerun|done (in doubt)",
         highlight=False,
