@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -151,6 +152,11 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     return agent
 
 
+def _error(errors: Console, problem: object) -> None:
+    """Print an error; its text (paths, IDs, arguments a person typed) is never Rich markup."""
+    errors.print(f"[red]error:[/red] {escape(str(problem))}", soft_wrap=True, highlight=False)
+
+
 # -- durably pending ---------------------------------------------------------------------
 
 
@@ -193,11 +199,11 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
     try:
         choice = choose_store(args)
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        _error(errors, exc)
         return EXIT["usage"]
     rows, unreadable = asyncio.run(_pending(choice))
     for problem in unreadable:
-        errors.print(f"[red]error:[/red] {problem}", soft_wrap=True, highlight=False)
+        _error(errors, problem)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return EXIT["failed"] if unreadable else EXIT["done"]
@@ -241,7 +247,7 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
         choice = choose_store(args)
         given = parse_answer(args.answer, reason=args.reason, result=args.result)
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        _error(errors, exc)
         return EXIT["usage"]
 
     async def save() -> None:
@@ -270,7 +276,7 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
         has_store = bool(args.store or args.state is not None or args.dsn)
         choice = choose_store(args) if has_store else None
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        _error(errors, exc)
         return EXIT["usage"]
 
     async def go() -> Any:
@@ -292,7 +298,7 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
     try:
         outcome = asyncio.run(go())
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        _error(errors, exc)
         return EXIT["usage"]
     if outcome.status == "paused":
         console.print(
@@ -318,7 +324,7 @@ def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) ->
     try:
         choice = choose_store(args)
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        _error(errors, exc)
         return EXIT["usage"]
     try:
         from .console.server import serve
