@@ -85,7 +85,7 @@ def test_an_answer_with_the_token_is_the_same_saved_decision(
     """The console's approve button saves the decision ``durably answer`` saves, then redirects."""
     page = client.get("/questions", params={"token": TOKEN}).text
     assert f'name="token" value="{TOKEN}"' in page
-    assert client.cookies.get("durably_console") == TOKEN
+    assert client.cookies.get("durably_console_80") == TOKEN
 
     response = client.post(
         f"/runs/{RUN}/answer",

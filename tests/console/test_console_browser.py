@@ -114,7 +114,7 @@ def full_page(driver: WebDriver, path: Path) -> None:
     driver.set_window_size(1280, 1000)
 
 
-def wait_for(driver: WebDriver, css: str, text: str, seconds: float = 20) -> None:
+def wait_for(driver: WebDriver, css: str, text: str, seconds: float = 45) -> None:
     WebDriverWait(driver, seconds, poll_frequency=0.2).until(
         ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text)
     )
@@ -201,7 +201,7 @@ def test_a_stale_answer_and_a_forged_one_are_refused_in_the_browser(
         f"/runs/{run_id}/answer",
         call,
     )
-    WebDriverWait(browser, 10).until(lambda d: "403" in d.page_source)
+    WebDriverWait(browser, 45).until(lambda d: "403" in d.page_source)
     assert "answers need the console" in browser.page_source
 
 

@@ -54,6 +54,12 @@ _HEADERS = {
 }
 
 
+def _cookie(request: Request) -> str:
+    # Cookies are shared by every port of a host: two consoles on one machine must not
+    # overwrite each other's token, so the name carries the port.
+    return f"{_COOKIE}_{request.url.port or 80}"
+
+
 def _html(text: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(text, status_code=status, headers=_HEADERS)
 
@@ -101,7 +107,7 @@ def create_app(
             yield
 
     def page(request: Request, **extra: Any) -> Page:
-        given = request.query_params.get("token") or request.cookies.get(_COOKIE) or ""
+        given = request.query_params.get("token") or request.cookies.get(_cookie(request)) or ""
         known = hmac.compare_digest(given.encode(), token.encode())
         return Page(
             store=choice.describe(),
@@ -117,7 +123,7 @@ def create_app(
             and request.query_params.get("token")
             and hmac.compare_digest(request.query_params["token"].encode(), token.encode())
         ):
-            response.set_cookie(_COOKIE, token, httponly=True, samesite="strict", path="/")
+            response.set_cookie(_cookie(request), token, httponly=True, samesite="strict", path="/")
         return response
 
     async def states() -> tuple[list[RunState], list[str]]:
