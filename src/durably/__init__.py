@@ -14,6 +14,7 @@ from .approval import ScriptedApprover as ScriptedApprover
 from .approval import TerminalApprover as TerminalApprover
 from .approval import Yes as Yes
 from .errors import AgentChanged as AgentChanged
+from .errors import AnswerRefused as AnswerRefused
 from .errors import ApprovalUnavailable as ApprovalUnavailable
 from .errors import CheckpointCorrupt as CheckpointCorrupt
 from .errors import CheckpointTooNew as CheckpointTooNew
@@ -104,6 +105,7 @@ __all__ = [
     "UNKNOWN",
     "Agent",
     "AgentChanged",
+    "AnswerRefused",
     "ApprovalRequest",
     "ApprovalUnavailable",
     "Approver",

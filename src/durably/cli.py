@@ -202,7 +202,8 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    directory = runs_dir(args.state)
+    # A directory given by itself is the one a FileStore/JournalStore was given.
+    directory = Path(args.store) if args.store else runs_dir(args.state)
     if not directory.is_dir():
         # An empty table would hide a mistyped --state; nothing is created here.
         errors.print(
@@ -465,9 +466,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument(
         "--approve",
-        choices=("on", "off"),
+        choices=("on", "off", "later"),
         default="on",
-        help="ask on the terminal before filing issues (on), or approve everything (off)",
+        help="ask on the terminal before filing issues (on), approve everything (off), or "
+        "pause for `durably answer` or the console (later)",
     )
     triage.add_argument(
         "--model",
@@ -537,9 +539,15 @@ def _parser() -> argparse.ArgumentParser:
     sweep.set_defaults(handler=_cmd_sweep)
 
     runs_cmd = commands.add_parser("runs", help="list runs")
+    runs_cmd.add_argument(
+        "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
+    )
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
     _add_worker_commands(commands)
+    from .cli_person import add_person_commands
+
+    add_person_commands(commands, max_resumes=_positive_int)
     return parser
 
 

@@ -10,6 +10,7 @@ The hierarchy::
     │   ├── AgentChanged            the agent differs from the one the run was started with
     │   ├── WorkspaceChanged        files the run wrote were changed behind its back
     │   ├── MaxResumes              the run was restarted too many times
+    │   ├── AnswerRefused           a person's answer does not fit an open question
     │   └── LimitExceeded           a turn, token or dollar limit was reached
     │       ├── TurnLimit
     │       ├── TokenLimit
@@ -38,6 +39,7 @@ from collections.abc import Iterable, Sequence
 
 __all__ = [
     "AgentChanged",
+    "AnswerRefused",
     "ApprovalUnavailable",
     "CheckpointCorrupt",
     "CheckpointTooNew",
@@ -164,6 +166,21 @@ class MaxResumes(RunError):
         super().__init__(
             f"run {run_id!r} was restarted {resumes} times, past max_resumes={limit}; "
             "find why it keeps dying, then resume with a higher max_resumes"
+        )
+
+
+class AnswerRefused(RunError):
+    """Raised when an answer has no open question to answer or does not fit it; nothing is saved."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, run_id: str, call_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.call_id = call_id
+        self.reason = reason
+        super().__init__(
+            f"run {run_id!r}, call {call_id!r}: answer refused: {reason}; "
+            "`durably pending` lists the questions that stand"
         )
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from .. import faults
 from ..approval import Approver, PolicyApprover, TerminalApprover
+from ..decisions import AskLater
 from ..errors import DurablyError, ModelError
 from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
@@ -153,7 +154,13 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             shutil.rmtree(world.root)  # made a moment ago for a run that never started
         return EXIT["usage"]
 
-    approver: Approver = TerminalApprover() if args.approve == "on" else PolicyApprover()
+    approver: Approver = (
+        TerminalApprover()
+        if args.approve == "on"
+        else AskLater()
+        if args.approve == "later"
+        else PolicyApprover()
+    )
     agent = build_agent(
         world=world,
         store=store,
@@ -218,7 +225,10 @@ def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -
         )
         for pending in outcome.pending:
             console.print(f"  {pending.kind} {pending.tool} {pending.call_id}: {pending.why or ''}")
-        console.print("run the same command again to answer them")
+        console.print(
+            "answer them with `durably answer` or `durably console` (or on the terminal with "
+            "--approve on), then run the same command again"
+        )
         return EXIT["paused"]
     checks = run_checks(world=world, state=state, store_dir=store_dir)
     passed = sum(c.ok for c in checks)
