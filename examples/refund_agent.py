@@ -1,4 +1,4 @@
-"""The README's refund agent, runnable: a service's own agent that durably resumes.
+"""A refund agent whose approvals wait for a person: the operators' example (docs/operators.md).
 
 ``payments`` is a stand-in for a payment provider: a JSON-lines ledger that
 deduplicates by idempotency key (as Stripe does). The model is scripted, so the

@@ -283,3 +283,19 @@ def test_pending_prints_model_text_literally(tmp_path: Path, run: Callable[..., 
 
     assert listed.returncode == 0, listed.stderr
     assert "[/bold][red]1042[/red]" in listed.stdout
+
+
+def test_the_answer_words_on_the_command_line_are_the_ones_decisions_accepts() -> None:
+    """`durably answer` offers exactly the words `durably.decisions` understands."""
+    from durably.cli import _parser
+    from durably.decisions import WORDS
+
+    parser = _parser()
+    for word in WORDS:
+        assert parser.parse_args(["answer", "r", "c", word]).answer == word
+    with pytest.raises(SystemExit):
+        parser.parse_args(["answer", "r", "c", "maybe"])
+    subcommands = next(a for a in parser._actions if a.dest == "command")
+    answer = subcommands.choices["answer"]  # type: ignore[index]
+    choices = next(a.choices for a in answer._actions if a.dest == "answer")
+    assert tuple(choices) == WORDS

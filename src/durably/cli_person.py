@@ -15,7 +15,6 @@ A directory wins over ``--state``, which wins over ``--dsn``; with none of them,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import inspect
 import json
@@ -24,20 +23,20 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
-
-from .decisions import WORDS, answer, parse_answer, questions
 from .errors import DurablyError, RunNotFound
-from .stores import Store
+
+if TYPE_CHECKING:
+    # Only for annotations: `durably --help` must not pay for asyncio, rich or the
+    # loop (tests/test_startup.py); each command imports what it uses when it runs.
+    from rich.console import Console
+
+    from .stores import Store
 
 __all__ = ["StoreChoice", "add_person_commands", "choose_store", "load_factory", "opened_store"]
 
-Handler = Callable[[argparse.Namespace, Console, Console], int]
+Handler = Callable[[argparse.Namespace, "Console", "Console"], int]
 
 
 class StoreChoice:
@@ -154,6 +153,8 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
 
 def _error(errors: Console, problem: object) -> None:
     """Print an error; its text (paths, IDs, arguments a person typed) is never Rich markup."""
+    from rich.markup import escape
+
     errors.print(f"[red]error:[/red] {escape(str(problem))}", soft_wrap=True, highlight=False)
 
 
@@ -161,6 +162,8 @@ def _error(errors: Console, problem: object) -> None:
 
 
 async def _pending(choice: StoreChoice) -> tuple[list[dict[str, Any]], list[str]]:
+    from .decisions import questions
+
     rows: list[dict[str, Any]] = []
     unreadable: list[str] = []
     async with opened_store(choice) as store:
@@ -194,6 +197,11 @@ async def _pending(choice: StoreChoice) -> tuple[list[dict[str, Any]], list[str]
 
 
 def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
+    from rich.table import Table
+    from rich.text import Text
+
     from .cli import EXIT
 
     try:
@@ -241,7 +249,10 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
 
 
 def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
     from .cli import EXIT
+    from .decisions import answer, parse_answer
 
     try:
         choice = choose_store(args)
@@ -268,6 +279,8 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
     from .cli import EXIT
     from .loop import Limits
 
@@ -387,7 +400,9 @@ def add_person_commands(
     answer_cmd.add_argument("run", help="run ID")
     answer_cmd.add_argument("call", help="call ID (durably pending lists them)")
     answer_cmd.add_argument(
-        "answer", choices=WORDS, help="yes/no for an approval, rerun/done for an in-doubt call"
+        "answer",
+        choices=("yes", "no", "rerun", "done"),  # decisions.WORDS, kept light
+        help="yes/no for an approval, rerun/done for an in-doubt call",
     )
     answer_cmd.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
     _store_options(answer_cmd)
