@@ -21,7 +21,13 @@ import stat
 from .._sysio import FileSystem
 from ..errors import UnsafePath
 
-__all__ = ["check_trusted", "open_trusted", "owner_name"]
+__all__ = [
+    "check_trusted",
+    "describe_kind",
+    "make_private_directories",
+    "open_trusted",
+    "owner_name",
+]
 
 _NONBLOCK = os.O_NONBLOCK
 _NOFOLLOW = os.O_NOFOLLOW
@@ -44,7 +50,7 @@ def check_trusted(info: os.stat_result, *, path: str, directory: bool = False) -
     kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
     if not kind_ok:
         wanted = "a directory" if directory else "a regular file"
-        raise UnsafePath(path=path, reason=f"it is not {wanted} ({_kind(info.st_mode)})")
+        raise UnsafePath(path=path, reason=f"it is not {wanted} ({describe_kind(info.st_mode)})")
     me = os.geteuid()
     mode = stat.S_IMODE(info.st_mode)
     if info.st_uid != me or mode & 0o022:
@@ -75,7 +81,26 @@ def open_trusted(
     return fd
 
 
-def _kind(mode: int) -> str:
+def make_private_directories(path: str | os.PathLike[str]) -> None:
+    """Make ``path`` and its missing parents, each exactly 0700 whatever the umask.
+
+    An existing directory is left as it is (it is checked where it is trusted).
+    """
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o700, follow_symlinks=False)  # a umask only ever removes bits
+
+
+def describe_kind(mode: int) -> str:
+    """What a file of this mode is, for a message: ``a FIFO``, ``a directory``..."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),

@@ -39,7 +39,7 @@ from ..errors import (
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
 from ._envelope import Opened, open_sealed, seal
-from ._guard import check_trusted, open_trusted
+from ._guard import check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
 
@@ -242,7 +242,8 @@ class FileStore:
     def _refuse_symlink(self, name: str, dir_fd: int) -> None:
         info = self.fs.lstat(name, dir_fd=dir_fd)
         if info is not None and not is_regular(info):
-            raise UnsafePath(path=self._path(name), reason="it is not a regular file")
+            kind = describe_kind(info.st_mode)
+            raise UnsafePath(path=self._path(name), reason=f"it is not a regular file ({kind})")
 
     def _remove_temp_files(self, run_id: str, dir_fd: int) -> None:
         prefix = f".{run_id}."
