@@ -247,10 +247,9 @@ class JournalStore(FileStore):
         while offset < len(data):
             framed = _unframe(data, offset)
             if framed is None:
-                if _valid_record_after(data, offset + 1):
-                    raise CheckpointCorrupt(
-                        path=path, reason=f"a damaged record at byte {offset} with records after it"
-                    )
+                damage = _damage_after(data, offset)
+                if damage is not None:
+                    raise CheckpointCorrupt(path=path, reason=damage)
                 return seq, offset  # torn tail
             payload, end = framed
             record = _decode_record(payload, path=path, offset=offset)
@@ -314,22 +313,27 @@ def _decode_record(payload: bytes, *, path: str, offset: int) -> _Record:
         ) from exc
 
 
-def _valid_record_after(data: bytes, start: int) -> bool:
-    """True when a whole record follows ``start``; garbage too long to scan counts as one.
+def _damage_after(data: bytes, offset: int) -> str | None:
+    """Why the bytes from ``offset`` are not a torn tail, or None when they may be one.
 
-    Each candidate costs a CRC over its claimed length, so crafted garbage (magic
-    bytes every few bytes) could make an unbounded scan quadratic. A torn tail is
-    one unfinished append; a tail with thousands of candidates is not that, and is
-    refused as damage rather than scanned to its end.
+    A torn tail is one unfinished append: a whole record after it means a record
+    in the middle was damaged. Each candidate costs a CRC over its claimed length,
+    so crafted garbage (magic bytes every few bytes) could make an unbounded scan
+    quadratic: after ``_SCAN_CANDIDATES`` candidates the tail is refused as damage.
     """
-    position = data.find(_MAGIC, start)
+    position = data.find(_MAGIC, offset + 1)
     for _ in range(_SCAN_CANDIDATES):
         if position == -1:
-            return False
+            return None
         if _unframe(data, position) is not None:
-            return True
+            return f"a damaged record at byte {offset} with records after it"
         position = data.find(_MAGIC, position + 1)
-    return position != -1
+    if position == -1:
+        return None
+    return (
+        f"the {len(data) - offset} bytes after byte {offset} are not one unfinished append "
+        f"(more than {_SCAN_CANDIDATES} record headers in them)"
+    )
 
 
 class JournalRun(FileRun):
