@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import zlib
 from pathlib import Path
 from unittest import mock
@@ -283,3 +284,35 @@ def test_a_lock_file_deleted_while_held_stops_the_owner(
     first.close_sync()
     second.close_sync()
     assert store_class(runs).read_sync("r1").turns == 1
+
+
+def test_a_reader_beside_a_saving_owner_never_sees_a_false_corruption(tmp_path: Path) -> None:
+    """``read`` (no lock) while the owner appends and compacts gets saved states, never a
+    CheckpointCorrupt from a watermark newer than the log it read."""
+    store = JournalStore(tmp_path / "runs", sync=False, compact_min_bytes=0, compact_ratio=0.3)
+    state = a_state()
+    handle = store.create_sync(state)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def owner() -> None:
+        try:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                state.turns = n  # a small record each time; a compaction every few
+                handle.save_sync(state)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=owner)
+    writer.start()
+    reader = JournalStore(tmp_path / "runs")
+    try:
+        for _ in range(150):
+            reader.read_sync("r1")
+    finally:
+        stop.set()
+        writer.join()
+        handle.close_sync()
+    assert errors == []

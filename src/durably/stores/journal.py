@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
 import zlib
 from contextlib import suppress
 
@@ -61,6 +62,8 @@ _LENGTH = struct.Struct("<I")
 _NOFOLLOW = os.O_NOFOLLOW
 _WATERMARK = struct.Struct("<4sQQI")
 _WATERMARK_MAGIC = b"DJw1"
+_READ_ATTEMPTS = 10
+"""A lock-free reader retries a refused load this many times in all (see ``_load``)."""
 _SCAN_CANDIDATES = 4096
 """At most this many candidate records are checked after a damaged one (bounds the scan)."""
 
@@ -157,6 +160,22 @@ class JournalStore(FileStore):
         return JournalRun(self, run_id, lock_fd)
 
     def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
+        if owner is not None:
+            return self._load_once(run_id, dir_fd, owner=owner)
+        # A reader takes no lock: an owner saving or compacting meanwhile can make
+        # one reading inconsistent (a watermark newer than the log it read). Real
+        # damage stays; a race does not, so only a repeated refusal stands.
+        attempt = 1
+        while True:
+            try:
+                return self._load_once(run_id, dir_fd, owner=None)
+            except CheckpointCorrupt:
+                if attempt >= _READ_ATTEMPTS:
+                    raise
+            time.sleep(0.002 * attempt)
+            attempt += 1
+
+    def _load_once(self, run_id: str, dir_fd: int, *, owner: FileRun | None) -> RunState:
         opened, snapshot_size = self._read_snapshot(run_id, dir_fd)
         state, generation = opened.state, opened.journal
         if generation == 0:  # a snapshot-store run: nothing to replay
@@ -166,6 +185,8 @@ class JournalStore(FileStore):
         name = _log_name(run_id, generation)
         path = self._path(name)
         self._check_other_logs(run_id, generation, dir_fd)
+        # The watermark before the log: it is written after the records it counts.
+        mark = _read_watermark(self._read_trusted(run_id + ".lock", run_id, dir_fd) or b"")
         data = self._read_trusted(name, run_id, dir_fd)
         legacy = opened.version == 1
         if data is None:
@@ -178,7 +199,7 @@ class JournalStore(FileStore):
             data = b""  # a version-1 snapshot: compacted and nothing appended since
         header = None if legacy else (run_id, generation)
         seq, valid = self._replay(state, data, path=path, header=header)
-        self._check_watermark(run_id, generation, seq, dir_fd, log=path)
+        self._check_watermark(run_id, mark, generation, seq, log=path)
         check_ranges(state, path=path)
         if isinstance(owner, JournalRun):
             if valid < len(data):
@@ -210,11 +231,10 @@ class JournalStore(FileStore):
                 )
 
     def _check_watermark(
-        self, run_id: str, generation: int, seq: int, dir_fd: int, *, log: str
+        self, run_id: str, mark: tuple[int, int] | None, generation: int, seq: int, *, log: str
     ) -> None:
         """Refuse a snapshot or log that lost a save its owner acknowledged."""
         lock = run_id + ".lock"
-        mark = _read_watermark(self._read_trusted(lock, run_id, dir_fd) or b"")
         if mark is None:
             return
         marked_generation, marked_seq = mark
