@@ -24,6 +24,7 @@ from .errors import InvalidRunId as InvalidRunId
 from .errors import LeaseLost as LeaseLost
 from .errors import LimitExceeded as LimitExceeded
 from .errors import Locked as Locked
+from .errors import LockLost as LockLost
 from .errors import MaxResumes as MaxResumes
 from .errors import ModelError as ModelError
 from .errors import ReplayMismatch as ReplayMismatch
@@ -127,6 +128,7 @@ __all__ = [
     "LeaseLost",
     "LimitExceeded",
     "Limits",
+    "LockLost",
     "Locked",
     "Lookup",
     "MaxResumes",

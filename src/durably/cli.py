@@ -31,11 +31,13 @@ import msgspec
 from .errors import (
     ApprovalUnavailable,
     DurablyError,
+    InvalidRunId,
     LimitExceeded,
     Locked,
     MaxResumes,
     OwnershipError,
 )
+from .keys import validate_run_id
 from .state import RunState, encode_state, utcnow
 from .stores.file import FileStore
 from .stores.journal import JournalStore
@@ -414,6 +416,14 @@ def _positive_amount(text: str) -> float:
     return value
 
 
+def _run_id(text: str) -> str:
+    """An argparse type: a valid run ID, checked before it is ever used in a path."""
+    try:
+        return validate_run_id(text)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _output_file(text: str) -> Path:
     """An argparse type: a file written at the end, checked at the start.
 
@@ -457,7 +467,9 @@ def _parser() -> argparse.ArgumentParser:
         "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
     )
     state_option(triage)
-    triage.add_argument("--run", help="resume this run ID instead of the task's unfinished run")
+    triage.add_argument(
+        "--run", type=_run_id, help="resume this run ID instead of the task's unfinished run"
+    )
     triage.add_argument(
         "--die-after",
         metavar="TOOL",
@@ -490,7 +502,9 @@ def _parser() -> argparse.ArgumentParser:
     triage.set_defaults(handler=_cmd_triage)
 
     show_cmd = commands.add_parser("show", help="show one run's checkpoint")
-    show_cmd.add_argument("run", help="run ID, or its start if no other run ID starts so")
+    show_cmd.add_argument(
+        "run", type=_run_id, help="run ID, or its start if no other run ID starts so"
+    )
     state_option(show_cmd)
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)

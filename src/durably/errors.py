@@ -17,6 +17,7 @@ The hierarchy::
     │       └── DollarLimit
     ├── OwnershipError              another process owns the run; wait or stop it
     │   ├── Locked                  the file store's lock is held elsewhere
+    │   ├── LockLost                the held lock file was deleted or replaced; stop
     │   └── LeaseLost               the Postgres lease was taken over; this process must stop
     ├── StorageError                the checkpoint could not be read or written
     │   ├── CheckpointCorrupt       a file is not a valid checkpoint
@@ -48,6 +49,7 @@ __all__ = [
     "InvalidRunId",
     "LeaseLost",
     "LimitExceeded",
+    "LockLost",
     "Locked",
     "MaxResumes",
     "ModelError",
@@ -243,6 +245,22 @@ class Locked(OwnershipError):
         super().__init__(
             f"run {run_id!r} is open in another process ({'lease' if lease else 'lock'} "
             f"{path}); wait for it to finish or stop it; {freed}"
+        )
+
+
+class LockLost(OwnershipError):
+    """Raised on save when the run's lock file was deleted or replaced while it was held; stop."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, run_id: str, path: str) -> None:
+        self.run_id = run_id
+        self.path = path
+        super().__init__(
+            f"run {run_id!r}: its lock file {path} was deleted or replaced while this process "
+            "held it (a tmp cleaner?), so another process may own the run now; nothing was "
+            "written; stop here, and resume the run once no other process has it open "
+            "(keep the state directory out of reach of tmp cleaners)"
         )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "ToolResult",
     "Usage",
     "UserMessage",
+    "check_ranges",
     "decode_state",
     "encode_state",
     "utcnow",
@@ -291,15 +292,17 @@ def decode_state(data: bytes, *, path: str = "<memory>") -> RunState:
         CheckpointTooNew: the state was written by a newer durably.
     """
     try:
-        return _decode_current(data)
+        return check_ranges(_decode_current(data), path=path)
     except msgspec.ValidationError as exc:
         first_error: Exception = exc
     except msgspec.DecodeError as exc:
         raise CheckpointCorrupt(path=path, reason=f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointCorrupt(path=path, reason="JSON nested too deeply") from exc
     # The strict decoder refused it: find out whether it is an older or newer format.
     try:
         document = _probe.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise CheckpointCorrupt(path=path, reason=f"not a JSON object: {exc}") from exc
     found = document.get("format", FORMAT)
     if not isinstance(found, int) or isinstance(found, bool):
@@ -321,7 +324,7 @@ def migrate(document: dict[str, Any], *, path: str = "<memory>") -> RunState:
         document = step(document)
         found = document["format"]
     try:
-        return msgspec.convert(document, RunState)
+        return check_ranges(msgspec.convert(document, RunState), path=path)
     except msgspec.ValidationError as exc:
         raise CheckpointCorrupt(path=path, reason=f"after migration: {exc}") from exc
 
@@ -331,4 +334,36 @@ def _decode_current(data: bytes) -> RunState:
     if state.format != FORMAT:
         # A document of another format may still parse; send it down the slow path.
         raise msgspec.ValidationError(f"format {state.format}")
+    return state
+
+
+def check_ranges(state: RunState, *, path: str = "<memory>") -> RunState:
+    """Refuse counts and amounts no run can have saved; return ``state``.
+
+    A checksum proves the bytes are the ones written, not that they are sane: a
+    forged or hand-edited checkpoint with ``resumes: -1000`` would lift the resume
+    limit, a negative ``dollars`` the budget. Checked on every load.
+
+    Raises:
+        CheckpointCorrupt: naming the field and its value.
+    """
+    counts = {
+        "turns": state.turns,
+        "resumes": state.resumes,
+        "summarized": state.summarized,
+        **{f"usage.{name}": getattr(state.usage, name) for name in state.usage.__struct_fields__},
+    }
+    amounts = {"dollars": state.dollars}
+    for index, message in enumerate(state.messages):
+        if isinstance(message, AssistantMessage):
+            amounts[f"messages[{index}].dollars"] = message.dollars
+            counts[f"messages[{index}].turn"] = message.turn
+            for name in message.usage.__struct_fields__:
+                counts[f"messages[{index}].usage.{name}"] = getattr(message.usage, name)
+    for name, value in counts.items():
+        if value < 0:
+            raise CheckpointCorrupt(path=path, reason=f"{name} is {value}, below zero")
+    for name, amount in amounts.items():
+        if not amount >= 0.0 or amount == float("inf"):  # also refuses NaN
+            raise CheckpointCorrupt(path=path, reason=f"{name} is {amount}, not a sum spent")
     return state

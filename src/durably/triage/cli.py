@@ -24,6 +24,7 @@ from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
 from ..models.select import choose_model, resolve_spec
 from ..state import Phase
+from ..stores._guard import check_trusted
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
 from .agent import build_agent, recording_path
@@ -87,6 +88,17 @@ class _Live:
             )
 
 
+def _check_trusted_directories(*directories: Path) -> None:
+    """Refuse an existing directory that another user owns or can write (as ssh does).
+
+    A world holds the code the run patches and the tests it runs: whoever can
+    swap files there can make this user run their code.
+    """
+    for path in directories:
+        if path.exists():
+            check_trusted(path.stat(), path=str(path), directory=True)
+
+
 def _find_unfinished(store: FileStore, task: str) -> tuple[str | None, str | None]:
     """The newest run of ``task`` that is not done, or None and the newest run (all done).
 
@@ -122,12 +134,14 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         if args.store == "journal"
         else FileStore(runs_dir(state_dir))
     )
+    _check_trusted_directories(state_dir)
     run_id, finished = args.run, None
     if run_id is None and not args.new:
         run_id, finished = _find_unfinished(store, args.task)
     resuming = run_id is not None
     if run_id is None:
         run_id = new_run_id(args.task)
+    _check_trusted_directories(worlds_dir(state_dir), worlds_dir(state_dir) / run_id)
     try:
         if resuming:
             world = World.open(worlds_dir(state_dir) / run_id)
