@@ -366,6 +366,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 0 or more")
+    return value
+
+
 def _positive_amount(text: str) -> float:
     """An argparse type: a finite number above 0 (dollars, seconds)."""
     try:
@@ -446,6 +457,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument("--max-turns", type=_positive_int, default=40)
     triage.add_argument("--max-dollars", type=_positive_amount, default=5.0)
+    triage.add_argument(
+        "--max-resumes",
+        type=_non_negative_int,
+        default=10,
+        help="restarts allowed over the run's life (default: 10); opening a paused run is "
+        "not a restart",
+    )
     triage.add_argument("--new", action="store_true", help="start a new run even if one is open")
     triage.set_defaults(handler=_cmd_triage)
 

@@ -117,7 +117,7 @@ def test_a_lookup_that_raises_passes_the_in_doubt_call_to_a_person(world: World)
 
 
 def test_an_unreachable_approver_leaves_the_run_paused_until_one_answers(world: World) -> None:
-    """ApprovalUnavailable returns a paused outcome with its question; a later resume finishes it."""
+    """ApprovalUnavailable gives a paused outcome with its question; a later resume finishes it."""
     job = Job(replies=ONE_WRITE, toolset=Toolset(write_needs_approval=True))
     events: list[durably.Event] = []
     agent = job.agent(world, approver=Unreachable())
