@@ -894,9 +894,19 @@ class _Driver:
             state.phase = Phase.TOOLS
 
 
+_ERROR_CHARS = 20_000
+"""An error result longer than this is cut: it is for the model to read, not an archive."""
+
+
 def _error_text(exc: BaseException) -> str:
     """An exception as the model sees it in an error result, always storable."""
-    return escaped(f"{type(exc).__name__}: {exc}")
+    try:
+        message = str(exc)
+    except Exception as failure:  # a message that cannot be shown (deep nesting, __str__ raising)
+        message = f"<the message could not be shown: {type(failure).__name__}>"
+    if len(message) > _ERROR_CHARS:
+        message = message[:_ERROR_CHARS] + f"... ({len(message) - _ERROR_CHARS} more characters)"
+    return escaped(f"{type(exc).__name__}: {message}")
 
 
 def _answer_problem(answer: object, allowed: tuple[type, ...]) -> str | None:
