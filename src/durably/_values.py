@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import reprlib
 
-__all__ = ["describe", "escaped", "text_problem"]
+__all__ = ["describe", "escaped", "exception_text", "text_problem"]
 
 _SHOWN = 80
 """Characters of a value shown in an error message."""
@@ -58,3 +58,22 @@ def describe(value: object) -> str:
     if len(shown) > _SHOWN:
         shown = shown[: _SHOWN - 3] + "..."
     return f"{type(value).__name__} {escaped(shown)}"
+
+
+_ERROR_CHARS = 20_000
+"""An exception's text longer than this is cut: it is for the model to read, not an archive."""
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` for an exception from user code, always storable.
+
+    Its ``str()`` may raise (a deeply nested argument, a ``__str__`` that fails) or
+    hold lone surrogates; neither may stop the run that reports it.
+    """
+    try:
+        message = str(exc)
+    except Exception as failure:
+        message = f"<the message could not be shown: {type(failure).__name__}>"
+    if len(message) > _ERROR_CHARS:
+        message = message[:_ERROR_CHARS] + f"... ({len(message) - _ERROR_CHARS} more characters)"
+    return escaped(f"{type(exc).__name__}: {message}")

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from ._values import describe, escaped, text_problem
+from ._values import describe, exception_text, text_problem
 from .approval import DEFER, Approver, Done, Rerun, ResolveRequest
 from .errors import ApprovalUnavailable, InvalidValue
 from .state import AttemptMarker, Effect, ToolCall
@@ -87,8 +87,9 @@ async def climb(
         try:
             answer = await tool.lookup(ctx, **arguments)
         except Exception as exc:  # a failing lookup must never decide: pass it up
-            log.warning("lookup for %s raised %r: unknown", tool.name, exc, extra=extra)
-            why = escaped(f"{why}, and its lookup failed ({type(exc).__name__}: {exc})")
+            failure = exception_text(exc)
+            log.warning("lookup for %s raised (%s): unknown", tool.name, failure, extra=extra)
+            why = f"{why}, and its lookup failed ({failure})"
         else:
             problem = _lookup_problem(answer)
             if problem is not None:

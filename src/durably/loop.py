@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from . import faults, ladder
-from ._values import describe, escaped, text_problem
+from ._values import describe, exception_text, text_problem
 from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, ScriptedApprover, Yes
 from .errors import (
     AgentChanged,
@@ -848,7 +848,7 @@ class _Driver:
                 # Already a second try in this process (or nothing to fear): report it.
                 content, is_error = _error_text(exc), True
             else:
-                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=str(exc))
+                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=_error_text(exc))
                 return await self.resolve_in_doubt(call, tool, state.markers[call.id], arguments)
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = _error_text(exc), True
@@ -894,19 +894,9 @@ class _Driver:
             state.phase = Phase.TOOLS
 
 
-_ERROR_CHARS = 20_000
-"""An error result longer than this is cut: it is for the model to read, not an archive."""
-
-
 def _error_text(exc: BaseException) -> str:
     """An exception as the model sees it in an error result, always storable."""
-    try:
-        message = str(exc)
-    except Exception as failure:  # a message that cannot be shown (deep nesting, __str__ raising)
-        message = f"<the message could not be shown: {type(failure).__name__}>"
-    if len(message) > _ERROR_CHARS:
-        message = message[:_ERROR_CHARS] + f"... ({len(message) - _ERROR_CHARS} more characters)"
-    return escaped(f"{type(exc).__name__}: {message}")
+    return exception_text(exc)
 
 
 def _answer_problem(answer: object, allowed: tuple[type, ...]) -> str | None:

@@ -259,6 +259,28 @@ def test_a_tool_error_whose_message_cannot_be_stored_is_escaped(world: World) ->
     assert reload(world, outcome.run_id) == outcome.state
 
 
+def test_a_tool_in_doubt_whose_message_cannot_be_shown_is_still_settled(world: World) -> None:
+    """ToolInDoubt carrying a value whose str() fails still goes to the ladder and settles."""
+
+    async def found(ctx: ToolContext, note: str) -> durably.Lookup:
+        return durably.Found("filed #1")
+
+    @durably.tool(effect=Effect.WRITE, lookup=found)
+    async def file_note(ctx: ToolContext, note: str) -> str:
+        """File a note."""
+        raise durably.ToolInDoubt(_deep)
+
+    agent = Agent(
+        model=ScriptedModel([reply(("w1", "file_note", '{"note": "n"}')), answer()]),
+        tools=[file_note],
+        store=world.store(),
+        clock=world.now,
+    )
+    outcome = asyncio.run(agent.run(TASK, name="job"))
+    assert (outcome.status, outcome.state.resolutions["w1"].outcome) == ("done", "found")
+    assert reload(world, outcome.run_id) == outcome.state
+
+
 class SaysYesInWords(ScriptedApprover):
     """An approver that answers with a string instead of ``Yes()``."""
 
