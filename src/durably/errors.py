@@ -168,7 +168,8 @@ class MaxResumes(RunError):
         self.last_stop = last_stop
         where = f"; its last save before this open: {last_stop}" if last_stop else ""
         super().__init__(
-            f"run {run_id!r} was restarted {resumes} times, past max_resumes={limit}{where}. "
+            f"run {run_id!r} was restarted {resumes} time{'' if resumes == 1 else 's'}, past "
+            f"max_resumes={limit}{where}. "
             "Opening a paused run is not a restart, so these opens found it unfinished: "
             "if it keeps dying at the same place, find why there; to go on, resume with a "
             "higher max_resumes (durably triage --max-resumes N)"

@@ -135,3 +135,35 @@ def test_an_approver_nobody_can_answer_leaves_the_run_paused_with_exit_3(
         assert "nobody to ask about file_issue" in result.stdout
     saved = saved_state(state)
     assert (saved["phase"], saved.get("resumes", 0)) == ("paused", 0)
+
+
+@pytest.mark.slow
+def test_max_resumes_on_the_command_line_stops_a_restart_and_a_higher_one_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``--max-resumes 0`` stops the restart of a crashed run with exit 5 and says how to go
+    on; the default then carries it to 16/16; a negative count is bad usage."""
+    state = tmp_path / "state"
+    base = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
+    base += ["--approve", "off"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*base, *extra],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+            check=False,
+        )
+
+    assert run("--max-resumes", "-1").returncode == EXIT["usage"]
+    assert run("--die-after", "code_patch").returncode == -signal.SIGKILL
+    stopped = run("--max-resumes", "0")
+    assert stopped.returncode == EXIT["limit"], stopped.stdout + stopped.stderr
+    assert "restarted 1 time, past max_resumes=0" in stopped.stderr
+    assert "durably triage --max-resumes N" in stopped.stderr
+    finished = run()
+    assert finished.returncode == EXIT["done"], finished.stdout + finished.stderr
+    assert "16/16 checks passed" in finished.stdout
