@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import sys
@@ -663,5 +665,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = EXIT["failed"]
     except KeyboardInterrupt:
         errors.print("interrupted; the run is saved where it stopped: run the command again")
-        code = 130
+        # Every save has landed and the run's store is closed by now. Tearing the
+        # interpreter down (a provider SDK's modules) takes about a second, which a
+        # person who pressed Ctrl-C should not wait for: flush and leave.
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
     sys.exit(code)

@@ -7,6 +7,7 @@ import os
 import pty
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -167,3 +168,50 @@ def test_max_resumes_on_the_command_line_stops_a_restart_and_a_higher_one_goes_o
     finished = run()
     assert finished.returncode == EXIT["done"], finished.stdout + finished.stderr
     assert "16/16 checks passed" in finished.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_model_call_exits_130_at_once_with_the_call_marked(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the model is thinking (a provider that accepted the request and has not
+    answered) ends the process within a second with exit 130; the saved state has the
+    model-call marker, which the next resume counts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    state = tmp_path / "state"
+    argv = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
+    argv += ["--model", "anthropic", "--approve", "off"]
+    env = {**ENV, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"}
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execve(sys.executable, argv, env)  # noqa: S606 - argv is ours, no shell
+        finally:
+            os._exit(127)
+    code: int | None = None
+    try:
+        server.settimeout(60)
+        connection, _ = server.accept()  # the request is on its way: the call is in flight
+        time.sleep(0.3)
+        typed = time.monotonic()
+        os.write(fd, b"\x03")
+        code = wait_exit(pid, timeout=5)
+        took = time.monotonic() - typed
+        connection.close()
+    finally:
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+        server.close()
+
+    assert code == 130
+    assert took < 1.0, f"exit took {took:.2f}s after Ctrl-C"
+    saved = saved_state(state)
+    assert saved.get("phase", "model") == "model"
+    model_call = saved["model_call"]
+    assert isinstance(model_call, dict)
+    assert (model_call["turn"], model_call["worst_dollars"] > 0) == (1, True)
