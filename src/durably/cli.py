@@ -90,6 +90,18 @@ def show(state: RunState, console: Console) -> None:
         "usage",
         f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
     )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
+    in_flight = state.model_call
+    if in_flight is not None:
+        table.add_row(
+            "model call",
+            f"turn {in_flight.turn} asked {_age(in_flight.asked_at)}, "
+            f"up to ${in_flight.worst_dollars:.4f}",
+        )
     table.add_row("restarts", str(state.resumes))
     table.add_row("created", state.created_at.isoformat(timespec="seconds"))
     table.add_row("last saved", _age(state.saved_at))
