@@ -21,6 +21,7 @@ from .errors import CheckpointTooNew as CheckpointTooNew
 from .errors import DollarLimit as DollarLimit
 from .errors import DurablyError as DurablyError
 from .errors import InvalidRunId as InvalidRunId
+from .errors import InvalidValue as InvalidValue
 from .errors import LeaseLost as LeaseLost
 from .errors import LimitExceeded as LimitExceeded
 from .errors import Locked as Locked
@@ -52,6 +53,7 @@ from .models import ModelRequest as ModelRequest
 from .models import Price as Price
 from .models import Reply as Reply
 from .models import ScriptedModel as ScriptedModel
+from .models import UsageBound as UsageBound
 from .state import Effect as Effect
 from .state import Phase as Phase
 from .state import RunState as RunState
@@ -124,6 +126,7 @@ __all__ = [
     "FileStore",
     "Found",
     "InvalidRunId",
+    "InvalidValue",
     "JournalStore",
     "LeaseLost",
     "LimitExceeded",
@@ -159,6 +162,7 @@ __all__ = [
     "TurnLimit",
     "UnsafePath",
     "Usage",
+    "UsageBound",
     "Workspace",
     "WorkspaceChanged",
     "WrongStore",

@@ -16,8 +16,10 @@ Exit codes (also in ``durably --help``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import sys
@@ -94,6 +96,18 @@ def show(state: RunState, console: Console) -> None:
         "usage",
         f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
     )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
+    in_flight = state.model_call
+    if in_flight is not None:
+        table.add_row(
+            "model call",
+            f"turn {in_flight.turn} asked {_age(in_flight.asked_at)}, "
+            f"up to ${in_flight.worst_dollars:.4f}",
+        )
     table.add_row("restarts", str(state.resumes))
     table.add_row("created", state.created_at.isoformat(timespec="seconds"))
     table.add_row("last saved", _age(state.saved_at))
@@ -405,6 +419,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 0 or more")
+    return value
+
+
 def _positive_amount(text: str) -> float:
     """An argparse type: a finite number above 0 (dollars, seconds)."""
     try:
@@ -498,6 +523,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument("--max-turns", type=_positive_int, default=40)
     triage.add_argument("--max-dollars", type=_positive_amount, default=5.0)
+    triage.add_argument(
+        "--max-resumes",
+        type=_non_negative_int,
+        default=10,
+        help="restarts allowed over the run's life (default: 10); opening a paused run is "
+        "not a restart",
+    )
     triage.add_argument("--new", action="store_true", help="start a new run even if one is open")
     triage.set_defaults(handler=_cmd_triage)
 
@@ -719,5 +751,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = EXIT["failed"]
     except KeyboardInterrupt:
         errors.print("interrupted; the run is saved where it stopped: run the command again")
-        code = 130
+        # Every save has landed and the run's store is closed by now. Tearing the
+        # interpreter down (a provider SDK's modules) takes about a second, which a
+        # person who pressed Ctrl-C should not wait for: flush and leave.
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
     sys.exit(code)

@@ -29,6 +29,7 @@ __all__ = [
     "Effect",
     "Fingerprint",
     "Message",
+    "ModelCall",
     "Phase",
     "Resolution",
     "RunState",
@@ -155,6 +156,25 @@ class AttemptMarker(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=Tru
     """Workspace path -> SHA-256 each file will have if the call completes."""
 
 
+class ModelCall(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Saved just before a model call: "the provider may be paid for this turn".
+
+    The reply's save clears it. Found on resume, it stands for a reply paid for
+    and lost before its save, whose worst case then counts towards the budget.
+    """
+
+    turn: int
+    """The turn asked for."""
+    model: str
+    asked_at: datetime
+    messages: int
+    """How many messages the request carried (after the summary)."""
+    worst_dollars: float
+    """The most the call could cost, priced before it was made."""
+    worst_usage: Usage = Usage()
+    """The token bound that price was computed from."""
+
+
 class Approval(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """A call waiting for a person's decision."""
 
@@ -222,6 +242,14 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     usage: Usage = Usage()
     """Tokens used over the run's whole life, across every process."""
     dollars: float = 0.0
+    """What the saved replies cost."""
+    unsaved_dollars: float = 0.0
+    """Worst-case price of model calls whose reply was lost before its save (counted on
+    resume from an unmatched ``model_call``); the budget covers ``dollars`` plus this."""
+    unsaved_replies: int = 0
+    """How many replies were lost before their save (each counted in ``unsaved_dollars``)."""
+    model_call: ModelCall | None = None
+    """The model call in flight: saved before the call, cleared by the reply's save."""
     turns: int = 0
     """Model replies saved so far."""
     resumes: int = 0
@@ -242,6 +270,11 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Why the run stopped: ``answered``, or the limit or error that stopped it."""
     saved_at: datetime | None = None
     """When the state was last saved; set by the store."""
+
+    @property
+    def spent(self) -> float:
+        """Every dollar counted: the saved replies and the worst case of those lost."""
+        return self.dollars + self.unsaved_dollars
 
     def last_reply(self) -> AssistantMessage | None:
         """The newest model reply, or None before the first."""

@@ -79,6 +79,8 @@ class _Live:
                 f"  [magenta]in doubt[/magenta] {data['tool']} {data['call_id']}: "
                 f"ladder step {data['step']} ({step}) -> {data['outcome']}"
             )
+        elif event.kind == "unavailable":
+            say(f"  [yellow]nobody to ask[/yellow] about {data['tool']}: {data['reason']}")
         elif event.kind in ("approved", "refused"):
             say(f"  approval for {data['tool']}: {event.kind}")
         elif event.kind == "resumed":
@@ -180,7 +182,11 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         store=store,
         approver=approver,
         model=model,
-        limits=Limits(max_turns=args.max_turns, max_dollars=args.max_dollars),
+        limits=Limits(
+            max_turns=args.max_turns,
+            max_dollars=args.max_dollars,
+            max_resumes=args.max_resumes,
+        ),
         observer=_Live(console),
     )
     plan = faults.CrashPlan()
@@ -253,6 +259,11 @@ def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -
         "spent",
         f"${state.dollars:.4f} ({state.usage.input_tokens} in / {state.usage.output_tokens} out)",
     )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
     steps = [f"{cid}: step {r.step} {r.outcome}" for cid, r in state.resolutions.items()]
     table.add_row("ladder", "; ".join(steps) or "no call was in doubt")
     table.add_row("world", str(world.root))
