@@ -14,8 +14,15 @@ record bytes the journal appends, written + fdatasync'ed, nothing else) and
 LangGraph's ``SqliteSaver.put`` (skipped when ``langgraph-checkpoint-sqlite`` is not
 installed). Repeated for a few rounds in fresh directories.
 
-Run: ``.venv/bin/python benchmarks/save.py [--quick] [--fixed] [--growing] [--dir DIR]``
-(neither section flag: both, fixed sizes first).
+Model-call marker (``--marker``): what the marker saved before each model call
+costs per turn. A turn of the growing conversation is saved the way the loop
+saves it (the reply, then its tool result), by the same store twice, interleaved:
+once as before, once with the marker's extra save first (the marker set, then
+cleared by the reply's save). Prints the median time per turn of each, the
+difference, and the bytes each journal turn writes.
+
+Run: ``.venv/bin/python benchmarks/save.py [--quick] [--fixed] [--growing] [--marker]
+[--dir DIR]`` (no section flag: all three, in that order).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from durably._sysio import filesystem_type, fsync_fd
 from durably.state import (
     AssistantMessage,
     Message,
+    ModelCall,
     RunState,
     ToolCall,
     ToolResult,
@@ -730,6 +738,91 @@ def run_growing(base: str, *, saves: int, rounds: int, seed: int) -> None:
     io.close()
 
 
+class TurnContender:
+    """A store saving one turn (reply, then result) as the loop does, with or without the
+    model-call marker's save before the reply."""
+
+    def __init__(self, store_type: type[FileStore], *, marker: bool) -> None:
+        self.store_type = store_type
+        self.marker = marker
+        self.name = f"{store_type.__name__}{' + marker' if marker else ''}"
+
+    def start(self, directory: Path) -> None:
+        self.store = self.store_type(directory, sync=True)
+        self.state = initial_state("turns")
+        self.handle = self.store.create_sync(self.state)
+
+    def save_turn(self, reply: Message, result: Message) -> None:
+        if self.marker:
+            self.state.model_call = ModelCall(
+                turn=self.state.turns + 1,
+                model="claude-sonnet-4-5",
+                asked_at=datetime.now(UTC),
+                messages=len(self.state.messages),
+                worst_dollars=0.123456,
+                worst_usage=Usage(input_tokens=41_000, output_tokens=4_096),
+            )
+            self.handle.save_sync(self.state)
+            self.state.model_call = None
+        apply_message(self.state, reply)
+        self.handle.save_sync(self.state)
+        apply_message(self.state, result)
+        self.handle.save_sync(self.state)
+
+    def close(self) -> None:
+        self.handle.close_sync()
+        self.store.close()
+
+
+def run_marker(base: str, *, turns: int, rounds: int, seed: int) -> None:
+    """The model-call marker section (see the module docstring)."""
+    messages = growing_messages(turns * 2, seed)
+    pairs = list(zip(messages[::2], messages[1::2], strict=True))
+    io = IOCounter()
+    print(
+        f"model-call marker: {turns} turns x {rounds} rounds; a turn saves its reply and its "
+        "tool result; '+ marker' saves the model-call marker first (sync on)"
+    )
+    times: dict[str, list[float]] = {}
+    written: dict[str, list[int]] = {}
+    for number in range(rounds):
+        made = [
+            TurnContender(store, marker=marker)
+            for store in (JournalStore, FileStore)
+            for marker in (False, True)
+        ]
+        directory = Path(base) / f"marker-{number}"
+        directory.mkdir(mode=0o700)
+        for index, contender in enumerate(made):
+            contender.start(directory / f"c{index}")
+        try:
+            for index, (reply, result) in enumerate(pairs):
+                shift = index % len(made)
+                for contender in made[shift:] + made[:shift]:
+                    before = io.written()
+                    seconds = timed(partial(contender.save_turn, reply, result))
+                    times.setdefault(contender.name, []).append(seconds)
+                    written.setdefault(contender.name, []).append(io.written() - before)
+        finally:
+            for contender in made:
+                contender.close()
+    print()
+    header = f"{'contender':<22} {'median/turn':>12} {'p99/turn':>10} {'written/turn':>13}"
+    print(header)
+    print("-" * len(header))
+    for name, samples in times.items():
+        cell = size(statistics.median(written[name])) if io.available else "n/a"
+        print(f"{name:<22} {ms(statistics.median(samples))}ms {ms(p99(samples))}ms {cell:>13}")
+    for store in ("JournalStore", "FileStore"):
+        plain = statistics.median(times[store])
+        marked = statistics.median(times[f"{store} + marker"])
+        print(
+            f"{store}: the marker adds {ms(marked - plain).strip()} ms per turn "
+            f"(x{marked / plain:.2f} of the turn's saves)"
+        )
+    io.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
@@ -746,9 +839,10 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, help=f"growing rounds (default {GROWING_ROUNDS}, quick 1)"
     )
+    parser.add_argument("--marker", action="store_true", help="run the model-call marker section")
     parser.add_argument("--seed", type=int, default=7, help="seed of the message sizes")
     args = parser.parse_args()
-    everything = not args.fixed and not args.growing
+    everything = not args.fixed and not args.growing and not args.marker
     saves = args.saves or (30 if args.quick else GROWING_SAVES)
     rounds = args.rounds or (1 if args.quick else GROWING_ROUNDS)
     if saves < 20 or rounds < 1:
@@ -766,6 +860,9 @@ def main() -> None:
             if args.fixed or everything:
                 print()
             run_growing(base, saves=saves, rounds=rounds, seed=args.seed)
+        if args.marker or everything:
+            print()
+            run_marker(base, turns=saves // 2, rounds=rounds, seed=args.seed)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

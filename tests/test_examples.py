@@ -57,9 +57,18 @@ def test_every_python_block_of_the_readme_is_an_example_file_byte_for_byte() -> 
     programs = readme_programs()
 
     assert blocks == len(programs), "a ```python block in the README has no examples/ tag"
-    assert sorted(programs) == [f"examples/{path.name}" for path in EXAMPLES]
+    assert set(programs) <= {f"examples/{path.name}" for path in EXAMPLES}
     for name, body in programs.items():
         assert body == (ROOT / name).read_text(), f"README block differs from {name}"
+
+
+def test_every_example_is_shown_in_the_readme_or_a_doc() -> None:
+    """No example sits unread: each is a README block or named by a page in docs/."""
+    docs = "\n".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
+    shown = set(readme_programs())
+    for path in EXAMPLES:
+        name = f"examples/{path.name}"
+        assert name in shown or name in docs, f"{name} is in no README block and no doc"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)

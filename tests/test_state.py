@@ -21,6 +21,7 @@ from durably.state import (
     Decision,
     Effect,
     Fingerprint,
+    ModelCall,
     Phase,
     Resolution,
     RunState,
@@ -98,6 +99,14 @@ FIELDS[Fingerprint] = {
     "system_sha256": hex64,
     "tools": st.lists(tool_prints, max_size=3).map(tuple),
 }
+FIELDS[ModelCall] = {
+    "turn": counts,
+    "model": text,
+    "asked_at": moments,
+    "messages": counts,
+    "worst_dollars": money,
+    "worst_usage": usages,
+}
 messages = (
     st.builds(UserMessage, **FIELDS[UserMessage])
     | st.builds(AssistantMessage, **FIELDS[AssistantMessage])
@@ -114,6 +123,9 @@ FIELDS[RunState] = {
     "summarized": counts,
     "usage": usages,
     "dollars": money,
+    "unsaved_dollars": money,
+    "unsaved_replies": counts,
+    "model_call": st.none() | st.builds(ModelCall, **FIELDS[ModelCall]),
     "turns": counts,
     "resumes": counts,
     "pending": st.dictionaries(text, st.builds(Approval, **FIELDS[Approval]), max_size=2),

@@ -317,7 +317,8 @@ def test_a_network_file_system_is_refused(state_dir: Path, monkeypatch: pytest.M
 
 
 def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -> None:
-    """At the seam, a save opens a new 0600 temp, writes, fsyncs, renames it, fsyncs the dir."""
+    """At the seam, a save checks its lock file, opens a new 0600 temp, writes, fsyncs, renames
+    it, fsyncs the dir."""
     fs = RecordingFS()
     store = FileStore(state_dir, fs=fs)
     handle = store.create_sync(state_a("r1"))
@@ -327,7 +328,7 @@ def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -
     saved = list(fs.calls)
     handle.close_sync()
     store.close()
-    _, temp, flags, mode, fd = saved[1]
+    _, temp, flags, mode, fd = saved[2]
     assert isinstance(temp, str)
     assert isinstance(flags, int)
     assert TEMP.fullmatch(temp)
@@ -336,6 +337,7 @@ def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -
     )
     assert mode == 0o600
     assert saved == [
+        ("lstat", "r1.lock"),
         ("lstat", "r1.json"),
         ("open", temp, flags, 0o600, fd),
         ("write", fd),

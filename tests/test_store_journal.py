@@ -98,12 +98,24 @@ def msgspec_copy(state: RunState) -> RunState:
     return durably.state.decode_state(durably.state.encode_state(state))
 
 
+def header_size(data: bytes) -> int:
+    framed = journal._unframe(data, 0)
+    assert framed is not None
+    return framed[1]
+
+
 def test_every_truncation_of_the_log_loads_a_saved_state_and_cuts_the_tail(tmp_path: Path) -> None:
-    """A log cut at any byte loads as the last whole record's state, and opening trims the tail."""
+    """Without a watermark (a power cut lost it), a log cut after its header loads the last whole
+    record's state and opening trims the tail; a cut into the header is CheckpointCorrupt."""
     store, history, log = log_with_records(tmp_path, 3)
+    (tmp_path / "runs" / "r1.lock").write_bytes(b"")
     data = log.read_bytes()
     for cut in range(len(data)):
         log.write_bytes(data[:cut])
+        if cut < header_size(data):
+            with pytest.raises(durably.CheckpointCorrupt, match="header"):
+                store.read_sync("r1")
+            continue
         loaded = without_saved_at(store.read_sync("r1"))
         assert loaded in [without_saved_at(msgspec_copy(h)) for h in history]
         assert log.read_bytes() == data[:cut]  # reading without the lock changes nothing
@@ -112,6 +124,20 @@ def test_every_truncation_of_the_log_loads_a_saved_state_and_cuts_the_tail(tmp_p
     handle.close_sync()
     assert without_saved_at(state) == without_saved_at(msgspec_copy(history[2]))
     assert len(log.read_bytes()) < len(data) - 3  # the torn record was cut off
+
+
+def test_a_truncated_log_that_lost_an_acknowledged_save_is_corrupt(tmp_path: Path) -> None:
+    """Any cut of a log below the lock file's watermark is CheckpointCorrupt, and nothing is cut."""
+    store, _, log = log_with_records(tmp_path, 3)
+    data = log.read_bytes()
+    for cut in range(len(data)):
+        log.write_bytes(data[:cut])
+        with pytest.raises(durably.CheckpointCorrupt, match=r"r1\.1\.log"):
+            store.read_sync("r1")
+    log.write_bytes(data[: len(data) // 2])
+    with pytest.raises(durably.CheckpointCorrupt, match="acknowledged"):
+        store.open_sync("r1")
+    assert log.read_bytes() == data[: len(data) // 2]
 
 
 def test_a_damaged_record_with_records_after_it_is_corrupt(tmp_path: Path) -> None:

@@ -208,3 +208,16 @@ def test_equivalent_spellings_name_one_file(workspace: Workspace) -> None:
     digest = workspace.write("d//./x.txt", "x")
     assert workspace.take_written() == {"d/x.txt": digest}
     assert workspace.read_text("d/x.txt") == "x"
+
+
+def test_a_regular_file_in_the_way_of_a_directory_is_not_called_a_symlink(
+    workspace: Workspace,
+) -> None:
+    """A file standing where a directory of the path should be is named as a file in the way."""
+    workspace.write("src", "a file, not a directory")
+    with pytest.raises(durably.UnsafePath, match="not a directory") as caught:
+        workspace.write("src/module.py", "x = 1")
+    assert "symlink" not in str(caught.value)
+    (workspace.root / "linked").symlink_to(workspace.root, target_is_directory=True)
+    with pytest.raises(durably.UnsafePath, match="'linked' is a symlink"):
+        workspace.write("linked/module.py", "x = 1")

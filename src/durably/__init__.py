@@ -14,15 +14,18 @@ from .approval import ScriptedApprover as ScriptedApprover
 from .approval import TerminalApprover as TerminalApprover
 from .approval import Yes as Yes
 from .errors import AgentChanged as AgentChanged
+from .errors import AnswerRefused as AnswerRefused
 from .errors import ApprovalUnavailable as ApprovalUnavailable
 from .errors import CheckpointCorrupt as CheckpointCorrupt
 from .errors import CheckpointTooNew as CheckpointTooNew
 from .errors import DollarLimit as DollarLimit
 from .errors import DurablyError as DurablyError
 from .errors import InvalidRunId as InvalidRunId
+from .errors import InvalidValue as InvalidValue
 from .errors import LeaseLost as LeaseLost
 from .errors import LimitExceeded as LimitExceeded
 from .errors import Locked as Locked
+from .errors import LockLost as LockLost
 from .errors import MaxResumes as MaxResumes
 from .errors import ModelError as ModelError
 from .errors import OwnershipError as OwnershipError
@@ -53,6 +56,7 @@ from .models import ModelRequest as ModelRequest
 from .models import Price as Price
 from .models import Reply as Reply
 from .models import ScriptedModel as ScriptedModel
+from .models import UsageBound as UsageBound
 from .state import Effect as Effect
 from .state import Phase as Phase
 from .state import RunState as RunState
@@ -110,6 +114,7 @@ __all__ = [
     "UNKNOWN",
     "Agent",
     "AgentChanged",
+    "AnswerRefused",
     "ApprovalRequest",
     "ApprovalUnavailable",
     "Approver",
@@ -127,10 +132,12 @@ __all__ = [
     "FileStore",
     "Found",
     "InvalidRunId",
+    "InvalidValue",
     "JournalStore",
     "LeaseLost",
     "LimitExceeded",
     "Limits",
+    "LockLost",
     "Locked",
     "Lookup",
     "MaxResumes",
@@ -164,6 +171,7 @@ __all__ = [
     "TurnLimit",
     "UnsafePath",
     "Usage",
+    "UsageBound",
     "Workspace",
     "WorkspaceChanged",
     "WrongStore",

@@ -13,14 +13,19 @@ takes the answer later through ``decisions=``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol, TextIO, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, TextIO, runtime_checkable
 
+if TYPE_CHECKING:
+    import asyncio
+
+from ._values import text_problem
 from .errors import ApprovalUnavailable
 
 __all__ = [
@@ -50,6 +55,10 @@ class No:
 
     reason: str = "refused by the approver"
 
+    def __post_init__(self) -> None:
+        if problem := text_problem(self.reason):
+            raise TypeError(f"No.reason must be the text the model will see: {problem}")
+
 
 @dataclass(frozen=True)
 class Rerun:
@@ -61,6 +70,10 @@ class Done:
     """The in-doubt call did happen; ``result`` is what the model will see."""
 
     result: str
+
+    def __post_init__(self) -> None:
+        if problem := text_problem(self.result):
+            raise TypeError(f"Done.result must be the text the model will see: {problem}")
 
 
 class _Deferred:
@@ -181,11 +194,19 @@ class ScriptedApprover:
 
 
 class TerminalApprover:
-    """Asks a person on the terminal (stdin/stdout)."""
+    """Asks a person on the terminal (stdin/stdout).
+
+    The answer is read on the event loop (the descriptor is watched, never read
+    in a worker thread), so Ctrl-C at the prompt ends the run at once. When no
+    person can answer (stdin closed, at its end, unreadable, or absent) it raises
+    :class:`~durably.ApprovalUnavailable` and the loop leaves the run paused.
+    """
 
     def __init__(self, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
-        self._in = stdin or sys.stdin
-        self._out = stdout or sys.stdout
+        self._in = stdin if stdin is not None else sys.stdin
+        self._out = stdout if stdout is not None else sys.stdout
+        self._buffer = b""
+        """Bytes read past the last answer's line end (a pipe can deliver several lines)."""
 
     async def approve(self, request: ApprovalRequest) -> Yes | No:
         """Show the call and ask yes or no."""
@@ -214,16 +235,57 @@ class TerminalApprover:
         return Rerun()
 
     async def _ask(self, run_id: str, call_id: str, prompt: str) -> str:
-        if self._in.closed:
-            raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="stdin is closed")
-        self._out.write(prompt)
-        self._out.flush()
+        def unavailable(reason: str) -> ApprovalUnavailable:
+            return ApprovalUnavailable(run_id=run_id, call_id=call_id, reason=reason)
+
+        stream = self._in
+        if stream is None or stream.closed:  # None: a process started without stdin
+            raise unavailable("stdin is closed")
+        try:
+            self._out.write(prompt)
+            self._out.flush()
+            line = await self._read_line(stream)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise unavailable(f"the terminal could not be used ({exc})") from exc
+        if line is None:
+            raise unavailable("no answer on stdin (it is at its end)")
+        if text_problem(line):
+            raise unavailable("the answer is not text")
+        return line.strip()
+
+    async def _read_line(self, stream: TextIO) -> str | None:
+        """One line from ``stream``, or None at its end, without blocking the event loop."""
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return stream.readline() or None  # an in-memory stream answers at once
         import asyncio  # imported where it runs: `import durably` stays light
 
-        line: str = await asyncio.to_thread(self._in.readline)
-        if not line:
-            raise ApprovalUnavailable(run_id=run_id, call_id=call_id, reason="no answer on stdin")
-        return line.strip()
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._buffer:
+            readable: asyncio.Future[None] = loop.create_future()
+            try:
+                loop.add_reader(fd, _wake, readable)
+            except (OSError, ValueError, NotImplementedError):
+                pass  # a regular file or /dev/null: epoll cannot watch it, and reading never waits
+            else:
+                try:
+                    await readable  # Ctrl-C cancels the run here at once
+                finally:
+                    loop.remove_reader(fd)
+            data = os.read(fd, 4096)
+            if not data:
+                rest, self._buffer = self._buffer, b""
+                return rest.decode(encoding) if rest else None
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(encoding)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _pretty(arguments: str) -> str:

@@ -16,8 +16,10 @@ Exit codes (also in ``durably --help``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import sys
@@ -34,11 +36,13 @@ from ._exit import runs_dir as runs_dir
 from .errors import (
     ApprovalUnavailable,
     DurablyError,
+    InvalidRunId,
     LimitExceeded,
     Locked,
     MaxResumes,
     OwnershipError,
 )
+from .keys import validate_run_id
 from .state import RunState, encode_state, utcnow
 from .stores.file import FileStore
 from .stores.journal import JournalStore
@@ -81,6 +85,18 @@ def show(state: RunState, console: Console) -> None:
         "usage",
         f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
     )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
+    in_flight = state.model_call
+    if in_flight is not None:
+        table.add_row(
+            "model call",
+            f"turn {in_flight.turn} asked {_age(in_flight.asked_at)}, "
+            f"up to ${in_flight.worst_dollars:.4f}",
+        )
     table.add_row("restarts", str(state.resumes))
     table.add_row("created", state.created_at.isoformat(timespec="seconds"))
     table.add_row("last saved", _age(state.saved_at))
@@ -191,7 +207,8 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    directory = runs_dir(args.state)
+    # A directory given by itself is the one a FileStore/JournalStore was given.
+    directory = Path(args.store) if args.store else runs_dir(args.state)
     if not directory.is_dir():
         # An empty table would hide a mistyped --state; nothing is created here.
         errors.print(
@@ -391,6 +408,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 0 or more")
+    return value
+
+
 def _positive_amount(text: str) -> float:
     """An argparse type: a finite number above 0 (dollars, seconds)."""
     try:
@@ -400,6 +428,14 @@ def _positive_amount(text: str) -> float:
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text} is not a positive amount: give more than 0")
     return value
+
+
+def _run_id(text: str) -> str:
+    """An argparse type: a valid run ID, checked before it is ever used in a path."""
+    try:
+        return validate_run_id(text)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _output_file(text: str) -> Path:
@@ -445,7 +481,9 @@ def _parser() -> argparse.ArgumentParser:
         "--task", default="m1-done-after-delete", help="task name (default: %(default)s)"
     )
     state_option(triage)
-    triage.add_argument("--run", help="resume this run ID instead of the task's unfinished run")
+    triage.add_argument(
+        "--run", type=_run_id, help="resume this run ID instead of the task's unfinished run"
+    )
     triage.add_argument(
         "--die-after",
         metavar="TOOL",
@@ -454,9 +492,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument(
         "--approve",
-        choices=("on", "off"),
+        choices=("on", "off", "later"),
         default="on",
-        help="ask on the terminal before filing issues (on), or approve everything (off)",
+        help="ask on the terminal before filing issues (on), approve everything (off), or "
+        "pause for `durably answer` or the console (later)",
     )
     triage.add_argument(
         "--model",
@@ -473,11 +512,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     triage.add_argument("--max-turns", type=_positive_int, default=40)
     triage.add_argument("--max-dollars", type=_positive_amount, default=5.0)
+    triage.add_argument(
+        "--max-resumes",
+        type=_non_negative_int,
+        default=10,
+        help="restarts allowed over the run's life (default: 10); opening a paused run is "
+        "not a restart",
+    )
     triage.add_argument("--new", action="store_true", help="start a new run even if one is open")
     triage.set_defaults(handler=_cmd_triage)
 
     show_cmd = commands.add_parser("show", help="show one run's checkpoint")
-    show_cmd.add_argument("run", help="run ID, or its start if no other run ID starts so")
+    show_cmd.add_argument(
+        "run", type=_run_id, help="run ID, or its start if no other run ID starts so"
+    )
     state_option(show_cmd)
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
@@ -526,9 +574,15 @@ def _parser() -> argparse.ArgumentParser:
     sweep.set_defaults(handler=_cmd_sweep)
 
     runs_cmd = commands.add_parser("runs", help="list runs")
+    runs_cmd.add_argument(
+        "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
+    )
     state_option(runs_cmd)
     runs_cmd.set_defaults(handler=_cmd_runs)
     _add_worker_commands(commands)
+    from .cli_person import add_person_commands
+
+    add_person_commands(commands, max_resumes=_positive_int)
     return parser
 
 
@@ -686,5 +740,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = EXIT["failed"]
     except KeyboardInterrupt:
         errors.print("interrupted; the run is saved where it stopped: run the command again")
-        code = 130
+        # Every save has landed and the run's store is closed by now. Tearing the
+        # interpreter down (a provider SDK's modules) takes about a second, which a
+        # person who pressed Ctrl-C should not wait for: flush and leave.
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
     sys.exit(code)

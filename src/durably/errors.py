@@ -10,12 +10,14 @@ The hierarchy::
     │   ├── AgentChanged            the agent differs from the one the run was started with
     │   ├── WorkspaceChanged        files the run wrote were changed behind its back
     │   ├── MaxResumes              the run was restarted too many times
+    │   ├── AnswerRefused           a person's answer does not fit an open question
     │   └── LimitExceeded           a turn, token or dollar limit was reached
     │       ├── TurnLimit
     │       ├── TokenLimit
     │       └── DollarLimit
     ├── OwnershipError              another process owns the run; wait or stop it
     │   ├── Locked                  the file store's lock is held elsewhere
+    │   ├── LockLost                the held lock file was deleted or replaced; stop
     │   └── LeaseLost               the Postgres lease was taken over; this process must stop
     ├── StorageError                the checkpoint could not be read or written
     │   ├── CheckpointCorrupt       a file is not a valid checkpoint
@@ -26,6 +28,7 @@ The hierarchy::
     │   └── SaveFailed              a save did not become durable; the old state is the truth
     ├── ModelError                  the model provider failed or answered nonsense
     ├── ApprovalUnavailable         the approver could not be asked
+    ├── InvalidValue                user code handed durably a value the state cannot hold
     ├── ReplayMismatch              the conversation departed from a recorded run
     └── (in durably.transports)     a remote tool failed; the model reads the message
         ├── HttpToolError
@@ -43,6 +46,7 @@ from typing import Any
 
 __all__ = [
     "AgentChanged",
+    "AnswerRefused",
     "ApprovalUnavailable",
     "CheckpointCorrupt",
     "CheckpointTooNew",
@@ -50,8 +54,10 @@ __all__ = [
     "DurablyError",
     "FieldsPickle",
     "InvalidRunId",
+    "InvalidValue",
     "LeaseLost",
     "LimitExceeded",
+    "LockLost",
     "Locked",
     "MaxResumes",
     "ModelError",
@@ -185,13 +191,35 @@ class MaxResumes(RunError):
 
     __module__ = "durably"
 
-    def __init__(self, *, run_id: str, resumes: int, limit: int) -> None:
+    def __init__(
+        self, *, run_id: str, resumes: int, limit: int, last_stop: str | None = None
+    ) -> None:
         self.run_id = run_id
         self.resumes = resumes
         self.limit = limit
+        self.last_stop = last_stop
+        where = f"; its last save before this open: {last_stop}" if last_stop else ""
         super().__init__(
-            f"run {run_id!r} was restarted {resumes} times, past max_resumes={limit}; "
-            "find why it keeps dying, then resume with a higher max_resumes"
+            f"run {run_id!r} was restarted {resumes} time{'' if resumes == 1 else 's'}, past "
+            f"max_resumes={limit}{where}. "
+            "Opening a paused run is not a restart, so these opens found it unfinished: "
+            "if it keeps dying at the same place, find why there; to go on, resume with a "
+            "higher max_resumes (durably triage --max-resumes N)"
+        )
+
+
+class AnswerRefused(RunError):
+    """Raised when an answer has no open question to answer or does not fit it; nothing is saved."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, run_id: str, call_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.call_id = call_id
+        self.reason = reason
+        super().__init__(
+            f"run {run_id!r}, call {call_id!r}: answer refused: {reason}; "
+            "`durably pending` lists the questions that stand"
         )
 
 
@@ -226,10 +254,27 @@ class TokenLimit(LimitExceeded):
 
 
 class DollarLimit(LimitExceeded):
-    """Raised when a run has spent as many dollars as ``max_dollars`` allows."""
+    """Raised before a model call that could take a run's spend past ``max_dollars``."""
 
     __module__ = "durably"
     kind = "dollar"
+
+    def __init__(
+        self, *, run_id: str, used: float, limit: float, next_call: float | None = None
+    ) -> None:
+        if next_call is None:
+            super().__init__(run_id=run_id, used=used, limit=limit)
+        else:
+            # LimitExceeded's message does not fit a call refused before it was made.
+            RunError.__init__(
+                self,
+                f"run {run_id!r} stopped before a model call that could cost up to "
+                f"${next_call:.4f}: ${used:.4f} of its max_dollars={limit:g} is spent, so the "
+                "call could pass the budget and was not made; its state is saved: resume it "
+                "with a higher dollar limit to go on",
+            )
+            self.run_id, self.used, self.limit = run_id, used, limit
+        self.next_call = next_call
 
 
 class OwnershipError(DurablyError):
@@ -254,6 +299,22 @@ class Locked(OwnershipError):
         super().__init__(
             f"run {run_id!r} is open in another process ({'lease' if lease else 'lock'} "
             f"{path}); wait for it to finish or stop it; {freed}"
+        )
+
+
+class LockLost(OwnershipError):
+    """Raised on save when the run's lock file was deleted or replaced while it was held; stop."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, run_id: str, path: str) -> None:
+        self.run_id = run_id
+        self.path = path
+        super().__init__(
+            f"run {run_id!r}: its lock file {path} was deleted or replaced while this process "
+            "held it (a tmp cleaner?), so another process may own the run now; nothing was "
+            "written; stop here, and resume the run once no other process has it open "
+            "(keep the state directory out of reach of tmp cleaners)"
         )
 
 
@@ -387,6 +448,18 @@ class ApprovalUnavailable(DurablyError):
             f"run {run_id!r}: could not ask about call {call_id!r} ({reason}); the run is "
             "saved as paused: resume it where a person can answer, or with a policy approver"
         )
+
+
+class InvalidValue(DurablyError):
+    """Raised when user code (an approver, a decision, a task) hands durably a value the run
+    state cannot hold; nothing of it is saved, and the message names where it came from."""
+
+    __module__ = "durably"
+
+    def __init__(self, *, source: str, reason: str, remedy: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"{source}: {reason}; {remedy}")
 
 
 class ReplayMismatch(DurablyError):

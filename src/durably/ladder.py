@@ -20,9 +20,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from ._values import describe, exception_text, text_problem
 from .approval import DEFER, Approver, Done, Rerun, ResolveRequest
+from .errors import ApprovalUnavailable, InvalidValue
 from .state import AttemptMarker, Effect, ToolCall
-from .tools import NOT_FOUND, Found, Tool, ToolContext
+from .tools import NOT_FOUND, UNKNOWN, Found, Tool, ToolContext
 
 __all__ = ["Verdict", "climb", "key_is_live"]
 
@@ -40,6 +42,8 @@ class Verdict:
     result: str | None = None
     """The call's result when the ladder found it happened (``found``, ``done``)."""
     detail: str | None = None
+    unavailable: str | None = None
+    """Why the person could not be asked, when that deferred the call."""
 
     @property
     def rerun(self) -> bool:
@@ -83,18 +87,31 @@ async def climb(
         try:
             answer = await tool.lookup(ctx, **arguments)
         except Exception as exc:  # a failing lookup must never decide: pass it up
-            log.warning("lookup for %s raised %r: unknown", tool.name, exc, extra=extra)
-            why = f"{why}, and its lookup failed ({type(exc).__name__}: {exc})"
+            failure = exception_text(exc)
+            log.warning("lookup for %s raised (%s): unknown", tool.name, failure, extra=extra)
+            why = f"{why}, and its lookup failed ({failure})"
         else:
-            if isinstance(answer, Found):
+            problem = _lookup_problem(answer)
+            if problem is not None:
+                # A lookup answering nonsense cannot decide either; the person sees why.
+                log.error(
+                    "lookup of tool %r for call %r %s: a person decides",
+                    tool.name,
+                    call.id,
+                    problem,
+                    extra=extra,
+                )
+                why = f"{why}, and its lookup {problem}"
+            elif isinstance(answer, Found):
                 log.info("in doubt %s: lookup found it", tool.name, extra=extra)
                 return Verdict(step=2, outcome="found", result=answer.result)
-            if answer is NOT_FOUND:
+            elif answer is NOT_FOUND:
                 log.info(
                     "in doubt %s: lookup says it never happened, rerun", tool.name, extra=extra
                 )
                 return Verdict(step=2, outcome="not-found")
-            why = f"{why}, and its lookup could not tell"
+            else:
+                why = f"{why}, and its lookup could not tell"
     else:
         why = f"{why} and has no lookup"
 
@@ -110,11 +127,34 @@ async def climb(
     log.info("in doubt %s: asking a person (%s)", tool.name, why, extra=extra)
     if before_asking is not None:
         await before_asking(why)
-    answer3 = await approver.resolve(request)
+    try:
+        answer3 = await approver.resolve(request)
+    except ApprovalUnavailable as exc:  # the question is saved: the run waits for a person
+        log.warning("in doubt %s: nobody to ask (%s)", tool.name, exc.reason, extra=extra)
+        return Verdict(step=3, outcome="deferred", detail=why, unavailable=exc.reason)
     if answer3 is DEFER:
         return Verdict(step=3, outcome="deferred", detail=why)
-    if isinstance(answer3, Done):
+    if isinstance(answer3, Done) and text_problem(answer3.result) is None:
         return Verdict(step=3, outcome="done", result=answer3.result, detail=why)
     if isinstance(answer3, Rerun):
         return Verdict(step=3, outcome="rerun", detail=why)
-    raise TypeError(f"approver.resolve returned {answer3!r}; expected Rerun(), Done(...) or DEFER")
+    problem = (
+        f"Done.result: {text_problem(answer3.result)}"
+        if isinstance(answer3, Done)
+        else f"expected Rerun(), Done(result) or DEFER, got {describe(answer3)}"
+    )
+    raise InvalidValue(
+        source=f"approver.resolve for call {call.id!r} of tool {tool.name!r}",
+        reason=problem,
+        remedy="the run is saved as paused with the question, and asks again when resumed",
+    )
+
+
+def _lookup_problem(answer: object) -> str | None:
+    """What is wrong with a lookup's answer, or None when it is one of the three."""
+    if isinstance(answer, Found):
+        problem = text_problem(answer.result)
+        return None if problem is None else f"returned Found with an unusable result: {problem}"
+    if answer is NOT_FOUND or answer is UNKNOWN:
+        return None
+    return f"returned {describe(answer)}; expected Found(result), NOT_FOUND or UNKNOWN"

@@ -28,18 +28,30 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from . import faults, ladder
+from ._values import describe, exception_text, text_problem
 from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, ScriptedApprover, Yes
 from .errors import (
     AgentChanged,
+    ApprovalUnavailable,
     DollarLimit,
+    InvalidValue,
     LimitExceeded,
     MaxResumes,
     ModelError,
     TokenLimit,
     TurnLimit,
 )
-from .keys import idempotency_key, new_run_id
-from .models import Delta, Model, ModelRequest, ToolSpec
+from .keys import idempotency_key, new_run_id, validate_run_id
+from .models import (
+    Delta,
+    Model,
+    ModelRequest,
+    ToolSpec,
+    WorstCase,
+    checked_reply,
+    priced,
+    worst_case,
+)
 from .state import (
     Approval,
     ApprovalKind,
@@ -49,6 +61,7 @@ from .state import (
     Effect,
     Fingerprint,
     Message,
+    ModelCall,
     Phase,
     Resolution,
     ResolutionOutcome,
@@ -60,7 +73,7 @@ from .state import (
     utcnow,
 )
 from .stores import RunHandle, Store
-from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError
+from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError, ToolResultError
 from .workspace import Workspace, sha256_bytes
 
 __all__ = ["Agent", "ContextPolicy", "Event", "Limits", "Outcome", "shielded"]
@@ -158,7 +171,17 @@ class ContextPolicy:
         if cut <= 0:
             return False
         dropped = state.messages[:cut]
-        state.summary = self.summarize(state.summary, dropped)
+        try:
+            summary = self.summarize(state.summary, dropped)
+        except Exception:
+            # The summary is user code: if it fails, keep the history whole rather than
+            # lose a result that is about to be saved; the next result tries again.
+            log.exception("context policy: summarize raised; history kept whole for now")
+            return False
+        if problem := text_problem(summary):
+            log.error("context policy: summarize returned unusable text (%s)", problem)
+            return False
+        state.summary = summary
         state.summarized += len(dropped)
         state.messages = state.messages[cut:]
         return True
@@ -293,9 +316,20 @@ class Agent:
             task: the user's request, the first message the model sees.
             name: a short name for the task, used as the run ID's prefix.
             run_id: use this ID instead of a new one (``RunExists`` if it was used).
+
+        Raises:
+            InvalidRunId: ``run_id`` is given but not a valid run ID (an empty one too).
+            InvalidValue: ``task`` is not text the state can hold.
         """
+        if problem := text_problem(task):
+            raise InvalidValue(
+                source="Agent.run(task)", reason=problem, remedy="pass the task as text"
+            )
+        if run_id is not None:
+            # An empty ID is a mistake, not a request for a new one.
+            validate_run_id(run_id)
         state = RunState(
-            run_id=run_id or new_run_id(name or task),
+            run_id=run_id if run_id is not None else new_run_id(name or task),
             task=task,
             created_at=self.clock(),
             messages=[UserMessage(text=task)],
@@ -392,6 +426,9 @@ class _Driver:
         self.agent = agent
         self.handle = handle
         self.state = state
+        self._open: dict[str, ToolCall] | None = None
+        """The newest reply's unanswered calls (see :meth:`open_calls`)."""
+        self._warned_unbounded = False
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -408,13 +445,20 @@ class _Driver:
             extra={"run_id": self.state.run_id, "phase": str(self.state.phase), "call_id": call_id},
         )
         if self.agent.observer is not None:
-            self.agent.observer(Event(kind=kind, run_id=self.state.run_id, data=data))
+            try:
+                self.agent.observer(Event(kind=kind, run_id=self.state.run_id, data=data))
+            except Exception:
+                # The observer only watches: a failing display must not stop the run.
+                log.exception("observer raised on %s; the run goes on", kind)
 
     def stream(self, turn: int, delta: Delta) -> None:
         # To the observer only: a log line per streamed piece would drown the log.
         if self.agent.observer is not None:
             data = {"turn": turn, **delta.data()}
-            self.agent.observer(Event(kind=delta.kind, run_id=self.state.run_id, data=data))
+            try:
+                self.agent.observer(Event(kind=delta.kind, run_id=self.state.run_id, data=data))
+            except Exception:
+                log.exception("observer raised on %s; the run goes on", delta.kind)
 
     def context(self, call: ToolCall, intended: Mapping[str, str] | None = None) -> ToolContext:
         return ToolContext(
@@ -429,14 +473,37 @@ class _Driver:
     # -- resume ----------------------------------------------------------------------
 
     async def count_resume(self) -> None:
-        """Count and save this restart before anything else happens."""
+        """Count and save this restart before anything else happens.
+
+        A run whose last save was a pause is waiting for a person, not crashing:
+        opening it again is not a restart (SPEC section 4), and nothing is saved.
+        A model call marker left by a process that died waiting for its reply is
+        counted here at its worst case, saved with the count.
+        """
         state = self.state
+        if state.phase is Phase.PAUSED:
+            self.emit("resumed", phase=str(state.phase), turns=state.turns, resumes=state.resumes)
+            return
+        last_stop = _last_stop(state)
+        lost = state.model_call
+        if lost is not None:
+            state.unsaved_dollars += lost.worst_dollars
+            state.unsaved_replies += 1
+            state.model_call = None
+            log.warning(
+                "turn %d's reply was lost before its save; its worst case $%.4f counts",
+                lost.turn,
+                lost.worst_dollars,
+                extra={"run_id": state.run_id},
+            )
         state.resumes += 1
         limit = self.agent.limits.max_resumes
         if state.resumes > limit:
             state.stop_reason = "max-resumes"
             await self.save("resume")
-            raise MaxResumes(run_id=state.run_id, resumes=state.resumes, limit=limit)
+            raise MaxResumes(
+                run_id=state.run_id, resumes=state.resumes, limit=limit, last_stop=last_stop
+            )
         state.stop_reason = None
         await self.save("resume")
         self.emit("resumed", phase=str(state.phase), turns=state.turns, resumes=state.resumes)
@@ -446,8 +513,17 @@ class _Driver:
         state = self.state
         changed = False
         for call_id, answer in decisions.items():
+            problem = _answer_problem(answer, (Yes, No, Rerun, Done))
+            if problem:
+                raise InvalidValue(
+                    source=f"run {state.run_id!r}: the decision for call {call_id!r}",
+                    reason=problem,
+                    remedy="nothing was saved; pass Yes(), No(reason), Rerun() or Done(result)",
+                )
+        open_calls = self.open_calls()
+        for call_id, answer in decisions.items():
             pending = state.pending.get(call_id)
-            call = next((c for c in state.unanswered() if c.id == call_id), None)
+            call = open_calls.get(call_id)
             if call is None:
                 raise ValueError(f"run {state.run_id!r} has no unanswered call {call_id!r}")
             # An answer must fit its question: Yes/No approve a call that has not run;
@@ -482,7 +558,7 @@ class _Driver:
             changed = True
         if changed:
             if state.phase is Phase.PAUSED and not state.pending:
-                state.phase = Phase.TOOLS if state.unanswered() else Phase.MODEL
+                state.phase = Phase.TOOLS if self.open_calls() else Phase.MODEL
             await self.save("decisions")
 
     # -- the loop ----------------------------------------------------------------------
@@ -496,7 +572,7 @@ class _Driver:
             if state.phase is Phase.MODEL:
                 await self.model_turn()
                 continue
-            for call in state.unanswered():
+            for call in list(self.open_calls().values()):
                 if not await self.settle(call):
                     self.emit("paused", pending=list(state.pending))
                     return Outcome.from_state(state)
@@ -507,7 +583,6 @@ class _Driver:
 
     async def model_turn(self) -> None:
         state, agent = self.state, self.agent
-        await self.check_limits()
         if agent.context_policy is not None and agent.context_policy.apply(state):
             await self.save("context")  # a policy first given on resume folds history now
         turn = state.turns + 1
@@ -523,11 +598,34 @@ class _Driver:
             summary=state.summary,
             on_delta=lambda delta: self.stream(turn, delta),
         )
-        reply = await agent.model.reply(request)
+        worst = worst_case(agent.model, request)
+        await self.check_limits(worst)
+        # The provider bills a call whether or not its reply is saved: say so first, so a
+        # reply lost before its save is still counted (at its worst case) on resume.
+        state.model_call = ModelCall(
+            turn=turn,
+            model=agent.model.name,
+            asked_at=agent.clock(),
+            messages=len(state.messages),
+            worst_dollars=worst.dollars,
+            worst_usage=worst.usage,
+        )
+        await self.save("model_call")
+        reply = checked_reply(await agent.model.reply(request), model=agent.model.name, turn=turn)
         faults.point("loop.reply_received")
         calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in reply.calls)
         self._check_call_ids(calls)
-        dollars = agent.model.dollars(reply.usage)
+        dollars = priced(agent.model, reply.usage)
+        if worst.bounded and dollars > worst.dollars * (1 + 1e-9):
+            log.warning(
+                "turn %d cost $%.6f, more than its bound $%.6f: the model's usage bound is wrong",
+                turn,
+                dollars,
+                worst.dollars,
+                extra={"run_id": state.run_id},
+            )
+        state.model_call = None
+        self._open = {c.id: c for c in calls}
         state.messages.append(
             AssistantMessage(
                 text=reply.text,
@@ -571,7 +669,13 @@ class _Driver:
                 )
             seen.add(call.id)
 
-    async def check_limits(self) -> None:
+    async def check_limits(self, worst: WorstCase) -> None:
+        """Stop, saved, before a model call that a limit does not allow.
+
+        The dollar budget is hard: the call is refused when its worst case could
+        take the run's spend (saved replies plus lost ones at their worst case)
+        past ``max_dollars``.
+        """
         state, limits = self.state, self.agent.limits
         exceeded: LimitExceeded | None = None
         if limits.max_turns is not None and state.turns >= limits.max_turns:
@@ -580,9 +684,22 @@ class _Driver:
             exceeded = TokenLimit(
                 run_id=state.run_id, used=state.usage.total_tokens, limit=limits.max_tokens
             )
-        elif limits.max_dollars is not None and state.dollars >= limits.max_dollars:
+        elif limits.max_dollars is not None and state.spent >= limits.max_dollars:
+            exceeded = DollarLimit(run_id=state.run_id, used=state.spent, limit=limits.max_dollars)
+        elif limits.max_dollars is not None and state.spent + worst.dollars > limits.max_dollars:
             exceeded = DollarLimit(
-                run_id=state.run_id, used=state.dollars, limit=limits.max_dollars
+                run_id=state.run_id,
+                used=state.spent,
+                limit=limits.max_dollars,
+                next_call=worst.dollars,
+            )
+        if limits.max_dollars is not None and not worst.bounded and not self._warned_unbounded:
+            self._warned_unbounded = True
+            log.warning(
+                "model %s declares no max_output_tokens: the dollar budget counts each call's "
+                "input but cannot bound its output",
+                self.agent.model.name,
+                extra={"run_id": state.run_id},
             )
         if exceeded is not None:
             state.stop_reason = f"{exceeded.kind}-limit"
@@ -633,20 +750,29 @@ class _Driver:
             state.phase = Phase.PAUSED
             await self.save("pause")  # save point 5: waiting for a person
         self.emit("approval", call_id=call.id, tool=tool.name)
-        answer = await self.agent.approver.approve(
-            ApprovalRequest(
-                run_id=state.run_id,
-                call_id=call.id,
-                tool=tool.name,
-                arguments=call.arguments,
-                effect=str(tool.effect),
+        try:
+            answer = await self.agent.approver.approve(
+                ApprovalRequest(
+                    run_id=state.run_id,
+                    call_id=call.id,
+                    tool=tool.name,
+                    arguments=call.arguments,
+                    effect=str(tool.effect),
+                )
             )
-        )
+        except ApprovalUnavailable as exc:
+            # The question is saved (the pause above): the run waits for a person.
+            self.emit("unavailable", call_id=call.id, tool=tool.name, reason=exc.reason)
+            return None
         if answer is DEFER:
             return None
-        if not isinstance(answer, Yes | No):
-            raise TypeError(
-                f"approver.approve returned {answer!r}; expected Yes(), No(...) or DEFER"
+        problem = _answer_problem(answer, (Yes, No))
+        if problem or not isinstance(answer, Yes | No):
+            raise InvalidValue(
+                source=f"approver.approve for call {call.id!r} of tool {tool.name!r}",
+                reason=problem or "",
+                remedy="answer Yes(), No(reason) or DEFER; the run is saved as paused and "
+                "asks again when resumed",
             )
         decision = Decision(
             approved=isinstance(answer, Yes),
@@ -690,6 +816,8 @@ class _Driver:
             arguments=arguments,
             before_asking=before_asking,
         )
+        if verdict.unavailable is not None:
+            self.emit("unavailable", call_id=call.id, tool=tool.name, reason=verdict.unavailable)
         self.emit(
             "ladder", call_id=call.id, tool=tool.name, step=verdict.step, outcome=verdict.outcome
         )
@@ -723,9 +851,16 @@ class _Driver:
                 # and its intended hashes (the file may already hold them).
                 marker = previous
             else:
-                if tool.intends is not None:
-                    files = await tool.intends(self.context(call), **arguments)
-                    intended = {path: sha256_bytes(data) for path, data in files.items()}
+                try:
+                    files = await tool.intended_files(self.context(call), **arguments)
+                except ToolInDoubt as exc:
+                    # Nothing was sent yet (no marker is saved): an ordinary failure.
+                    await self.finish(call, _error_text(exc), True)
+                    return True
+                except Exception as exc:  # user code: the model sees it, as for the tool
+                    await self.finish(call, _error_text(exc), True)
+                    return True
+                intended = {path: sha256_bytes(data) for path, data in files.items()}
                 marker = AttemptMarker(
                     key=idempotency_key(state.run_id, call.id),
                     tool=tool.name,
@@ -744,12 +879,14 @@ class _Driver:
         except ToolInDoubt as exc:
             if tool.effect is Effect.READ or previous is not None:
                 # Already a second try in this process (or nothing to fear): report it.
-                content, is_error = f"{type(exc).__name__}: {exc}", True
+                content, is_error = _error_text(exc), True
             else:
-                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=str(exc))
+                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=_error_text(exc))
                 return await self.resolve_in_doubt(call, tool, state.markers[call.id], arguments)
         except Exception as exc:  # the model sees what went wrong, as the call's result
-            content, is_error = f"{type(exc).__name__}: {exc}", True
+            content, is_error = _error_text(exc), True
+            if isinstance(exc, ToolResultError):
+                log.error("%s", content, extra={"run_id": state.run_id, "call_id": call.id})
         faults.point(f"loop.tool_returned:{tool.name}")
         await self.finish(call, content, is_error)
         return True
@@ -760,19 +897,60 @@ class _Driver:
         await self.save("result")
         self.emit("result", call_id=call.id, tool=call.name, is_error=is_error, content=content)
 
+    def open_calls(self) -> dict[str, ToolCall]:
+        """The newest reply's calls without a result, by ID; kept up to date as results land.
+
+        Derived from the state once per process and then maintained, so a reply with
+        thousands of calls costs linear time, not a walk of the history per call.
+        """
+        if self._open is None:
+            self._open = {c.id: c for c in self.state.unanswered()}
+        return self._open
+
     def _record_result(self, call: ToolCall, content: str, *, is_error: bool) -> None:
         state = self.state
         state.messages.append(
             ToolResult(call_id=call.id, name=call.name, content=content, is_error=is_error)
         )
+        open_calls = self.open_calls()
+        open_calls.pop(call.id, None)
         state.markers.pop(call.id, None)
         state.pending.pop(call.id, None)
         if self.agent.workspace is not None:
             state.workspace.update(self.agent.workspace.take_written())
-        if not state.unanswered():
+        if not open_calls:
             state.phase = Phase.MODEL
             state.decisions.clear()
             if self.agent.context_policy is not None:
                 self.agent.context_policy.apply(state)
         elif state.phase is Phase.PAUSED and not state.pending:
             state.phase = Phase.TOOLS
+
+
+def _error_text(exc: BaseException) -> str:
+    """An exception as the model sees it in an error result, always storable."""
+    return exception_text(exc)
+
+
+def _answer_problem(answer: object, allowed: tuple[type, ...]) -> str | None:
+    """Why an approver's answer cannot be taken, or None when it can."""
+    if not isinstance(answer, allowed):
+        names = " or ".join(f"{t.__name__}()" for t in allowed)
+        return f"expected {names}, got {describe(answer)}"
+    # The dataclasses check their text when built; an object changed since is checked here.
+    text = answer.reason if isinstance(answer, No) else getattr(answer, "result", None)
+    if isinstance(answer, No | Done):
+        return text_problem(text)
+    return None
+
+
+def _last_stop(state: RunState) -> str:
+    """Where the run's last save left it, in words, for ``MaxResumes``."""
+    words = f"phase {state.phase} at turn {state.turns}"
+    if state.markers:
+        words += f", call(s) {', '.join(sorted(state.markers))} in doubt"
+    if state.model_call is not None:
+        words += f", waiting for the model's reply to turn {state.model_call.turn}"
+    if state.stop_reason:
+        words += f", stopped by {state.stop_reason}"
+    return words

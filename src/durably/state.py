@@ -30,6 +30,7 @@ __all__ = [
     "Effect",
     "Fingerprint",
     "Message",
+    "ModelCall",
     "Phase",
     "Resolution",
     "ResolutionOutcome",
@@ -39,6 +40,7 @@ __all__ = [
     "ToolResult",
     "Usage",
     "UserMessage",
+    "check_ranges",
     "decode_state",
     "encode_state",
     "utcnow",
@@ -175,6 +177,25 @@ class AttemptMarker(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=Tru
     """Workspace path -> SHA-256 each file will have if the call completes."""
 
 
+class ModelCall(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Saved just before a model call: "the provider may be paid for this turn".
+
+    The reply's save clears it. Found on resume, it stands for a reply paid for
+    and lost before its save, whose worst case then counts towards the budget.
+    """
+
+    turn: int
+    """The turn asked for."""
+    model: str
+    asked_at: datetime
+    messages: int
+    """How many messages the request carried (after the summary)."""
+    worst_dollars: float
+    """The most the call could cost, priced before it was made."""
+    worst_usage: Usage = Usage()
+    """The token bound that price was computed from."""
+
+
 class Approval(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """A call waiting for a person's decision."""
 
@@ -242,6 +263,14 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     usage: Usage = Usage()
     """Tokens used over the run's whole life, across every process."""
     dollars: float = 0.0
+    """What the saved replies cost."""
+    unsaved_dollars: float = 0.0
+    """Worst-case price of model calls whose reply was lost before its save (counted on
+    resume from an unmatched ``model_call``); the budget covers ``dollars`` plus this."""
+    unsaved_replies: int = 0
+    """How many replies were lost before their save (each counted in ``unsaved_dollars``)."""
+    model_call: ModelCall | None = None
+    """The model call in flight: saved before the call, cleared by the reply's save."""
     turns: int = 0
     """Model replies saved so far."""
     resumes: int = 0
@@ -262,6 +291,11 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Why the run stopped: ``answered``, or the limit or error that stopped it."""
     saved_at: datetime | None = None
     """When the state was last saved; set by the store."""
+
+    @property
+    def spent(self) -> float:
+        """Every dollar counted: the saved replies and the worst case of those lost."""
+        return self.dollars + self.unsaved_dollars
 
     def last_reply(self) -> AssistantMessage | None:
         """The newest model reply, or None before the first."""
@@ -312,15 +346,17 @@ def decode_state(data: bytes, *, path: str = "<memory>") -> RunState:
         CheckpointTooNew: the state was written by a newer durably.
     """
     try:
-        return _decode_current(data)
+        return check_ranges(_decode_current(data), path=path)
     except msgspec.ValidationError as exc:
         first_error: Exception = exc
     except msgspec.DecodeError as exc:
         raise CheckpointCorrupt(path=path, reason=f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointCorrupt(path=path, reason="JSON nested too deeply") from exc
     # The strict decoder refused it: find out whether it is an older or newer format.
     try:
         document = _probe.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise CheckpointCorrupt(path=path, reason=f"not a JSON object: {exc}") from exc
     found = document.get("format", FORMAT)
     if not isinstance(found, int) or isinstance(found, bool):
@@ -342,7 +378,7 @@ def migrate(document: dict[str, Any], *, path: str = "<memory>") -> RunState:
         document = step(document)
         found = document["format"]
     try:
-        return msgspec.convert(document, RunState)
+        return check_ranges(msgspec.convert(document, RunState), path=path)
     except msgspec.ValidationError as exc:
         raise CheckpointCorrupt(path=path, reason=f"after migration: {exc}") from exc
 
@@ -352,4 +388,36 @@ def _decode_current(data: bytes) -> RunState:
     if state.format != FORMAT:
         # A document of another format may still parse; send it down the slow path.
         raise msgspec.ValidationError(f"format {state.format}")
+    return state
+
+
+def check_ranges(state: RunState, *, path: str = "<memory>") -> RunState:
+    """Refuse counts and amounts no run can have saved; return ``state``.
+
+    A checksum proves the bytes are the ones written, not that they are sane: a
+    forged or hand-edited checkpoint with ``resumes: -1000`` would lift the resume
+    limit, a negative ``dollars`` the budget. Checked on every load.
+
+    Raises:
+        CheckpointCorrupt: naming the field and its value.
+    """
+    counts = {
+        "turns": state.turns,
+        "resumes": state.resumes,
+        "summarized": state.summarized,
+        **{f"usage.{name}": getattr(state.usage, name) for name in state.usage.__struct_fields__},
+    }
+    amounts = {"dollars": state.dollars}
+    for index, message in enumerate(state.messages):
+        if isinstance(message, AssistantMessage):
+            amounts[f"messages[{index}].dollars"] = message.dollars
+            counts[f"messages[{index}].turn"] = message.turn
+            for name in message.usage.__struct_fields__:
+                counts[f"messages[{index}].usage.{name}"] = getattr(message.usage, name)
+    for name, value in counts.items():
+        if value < 0:
+            raise CheckpointCorrupt(path=path, reason=f"{name} is {value}, below zero")
+    for name, amount in amounts.items():
+        if not amount >= 0.0 or amount == float("inf"):  # also refuses NaN
+            raise CheckpointCorrupt(path=path, reason=f"{name} is {amount}, not a sum spent")
     return state

@@ -24,6 +24,7 @@ from typing import Any, Final, get_type_hints
 
 import msgspec
 
+from ._values import describe, text_problem
 from .state import Effect
 from .workspace import Workspace
 
@@ -36,6 +37,7 @@ __all__ = [
     "ToolContext",
     "ToolInDoubt",
     "ToolInputError",
+    "ToolResultError",
     "tool",
 ]
 
@@ -56,9 +58,19 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class Found:
-    """A lookup's answer: the call did happen, and this is its result."""
+    """A lookup's answer: the call did happen, and this is its result.
+
+    Raises:
+        TypeError: ``result`` is not text the run state can hold (the model sees
+            it as the call's result, so it must be a ``str``: ``str(order.id)``).
+    """
 
     result: str
+
+    def __post_init__(self) -> None:
+        problem = text_problem(self.result)
+        if problem:
+            raise TypeError(f"Found.result must be the text the model will see: {problem}")
 
 
 class _Answer:
@@ -83,6 +95,14 @@ IntentFunction = Callable[..., Awaitable[Mapping[str, bytes | str]]]
 
 class ToolInputError(Exception):
     """The model's arguments for a call cannot be used; the message goes back to the model."""
+
+
+class ToolResultError(Exception):
+    """A tool (or its ``intends``) returned a value the run state cannot hold.
+
+    The loop gives the model this message as the call's error result, like any
+    exception the tool raised.
+    """
 
 
 class ToolInDoubt(Exception):
@@ -134,9 +154,56 @@ class Tool:
         return {name: getattr(value, name) for name in self.arguments.__struct_fields__}
 
     async def __call__(self, ctx: ToolContext, **kwargs: Any) -> str:
-        """Run the tool and return its result as text (JSON for anything that is not text)."""
+        """Run the tool and return its result as text (JSON for anything that is not text).
+
+        Raises:
+            ToolResultError: the result is text UTF-8 cannot encode, or a value JSON
+                cannot hold; the message names the tool and the call.
+        """
         value = await self.function(ctx, **kwargs)
-        return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        if isinstance(value, str):
+            problem = text_problem(value)
+        else:
+            try:
+                return msgspec.json.encode(value).decode()
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+                problem = f"{describe(value)} cannot be written as JSON ({exc})"
+        if problem is None:
+            return str(value)
+        raise ToolResultError(
+            f"tool {self.name!r} returned a result for call {ctx.call_id!r} that cannot be "
+            f"saved: {problem}; return a str or a JSON value (dicts with str keys, lists, "
+            "numbers, str, bool, None)"
+        )
+
+    async def intended_files(self, ctx: ToolContext, **kwargs: Any) -> dict[str, bytes]:
+        """The files ``intends`` says the call will write, checked (empty without ``intends``).
+
+        Raises:
+            ToolResultError: ``intends`` returned something other than a mapping of
+                workspace paths (str) to contents (bytes or str).
+        """
+        if self.intends is None:
+            return {}
+        files = await self.intends(ctx, **kwargs)
+        where = f"intends of tool {self.name!r} for call {ctx.call_id!r}"
+        if not isinstance(files, Mapping):
+            raise ToolResultError(f"{where} returned {describe(files)}; return {{path: content}}")
+        checked: dict[str, bytes] = {}
+        for path, content in files.items():
+            if problem := text_problem(path):
+                raise ToolResultError(f"{where} named a path that cannot be saved: {problem}")
+            if isinstance(content, str):
+                if problem := text_problem(content):
+                    raise ToolResultError(f"{where}: the content of {path!r}: {problem}")
+                checked[path] = content.encode()
+            elif isinstance(content, bytes | bytearray | memoryview):
+                checked[path] = bytes(content)
+            else:
+                raise ToolResultError(
+                    f"{where}: the content of {path!r} is {describe(content)}, not bytes or str"
+                )
+        return checked
 
 
 def tool(

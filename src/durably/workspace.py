@@ -182,7 +182,7 @@ class Workspace:
                     next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise UnsafePath(path=rel, reason=f"{part!r} is a symlink") from exc
+                        raise UnsafePath(path=rel, reason=_in_the_way(part, fd)) from exc
                     raise
                 os.close(fd)
                 fd = next_fd
@@ -197,6 +197,14 @@ class Workspace:
             if exc.errno == errno.ELOOP:
                 raise UnsafePath(path=rel, reason="it is a symlink") from exc
             raise
+
+
+def _in_the_way(part: str, dir_fd: int) -> str:
+    """Say what stands where the directory ``part`` should be."""
+    info = _lstat(part, dir_fd)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        return f"{part!r} is a symlink"
+    return f"{part!r} is not a directory (a file is in the way)"
 
 
 def _lstat(name: str, dir_fd: int) -> os.stat_result | None:

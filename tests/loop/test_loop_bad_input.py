@@ -117,11 +117,16 @@ def test_a_lookup_that_raises_passes_the_in_doubt_call_to_a_person(world: World)
 
 
 def test_an_unreachable_approver_leaves_the_run_paused_until_one_answers(world: World) -> None:
-    """ApprovalUnavailable leaves the run paused with its question; a later resume finishes it."""
+    """ApprovalUnavailable gives a paused outcome with its question; a later resume finishes it."""
     job = Job(replies=ONE_WRITE, toolset=Toolset(write_needs_approval=True))
+    events: list[durably.Event] = []
+    agent = job.agent(world, approver=Unreachable())
+    agent.observer = events.append
 
-    with pytest.raises(durably.ApprovalUnavailable, match="no terminal"):
-        asyncio.run(job.agent(world, approver=Unreachable()).run(TASK, name="job"))
+    outcome = asyncio.run(agent.run(TASK, name="job"))
+
+    assert (outcome.status, [p.call_id for p in outcome.pending]) == ("paused", ["w1"])
+    assert [e.data["reason"] for e in events if e.kind == "unavailable"] == ["no terminal"]
 
     paused = world.state()
     assert (paused.phase, list(paused.pending), paused.pending["w1"].kind) == (
@@ -144,8 +149,11 @@ def test_an_unreachable_person_for_an_in_doubt_call_leaves_the_run_paused(world:
     )
     assert start(world, job, plan=CrashPlan(label="loop.tool_returned:write")).killed
 
-    with pytest.raises(durably.ApprovalUnavailable, match="no terminal"):
-        asyncio.run(job.agent(world, approver=Unreachable()).resume(world.run_id()))
+    outcome = asyncio.run(job.agent(world, approver=Unreachable()).resume(world.run_id()))
+    assert (outcome.status, [p.why for p in outcome.pending]) == (
+        "paused",
+        ["it writes without a key and has no lookup"],
+    )
 
     paused = world.state()
     assert (paused.phase, list(paused.pending), paused.pending["w1"].kind) == (

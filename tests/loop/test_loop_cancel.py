@@ -212,7 +212,8 @@ def test_a_cancel_during_a_save_lets_that_save_finish(world: World) -> None:
     finally:
         files.close()
 
-    assert store.outcomes == ["saved"]  # the reply's save, held at its fsync, was not abandoned
+    # The model-call marker, then the reply's save, held at its fsync and not abandoned.
+    assert store.outcomes == ["saved", "saved"]
     saved = world.state()
     assert (saved.phase, saved.turns, [c.id for c in calls(saved)]) == (Phase.TOOLS, 1, ["r1"])
     assert world.receiver().entries() == []  # the cancellation stopped the run before any call

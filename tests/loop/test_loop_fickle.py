@@ -36,7 +36,8 @@ FICKLE = Job(
     ("label", "occurrence"),
     [
         ("loop.reply_received", 2),  # turn 2 arrived
-        ("store.save.temp_synced", 4),  # turn 2's save: start, reply 1, result r1, reply 2
+        # turn 2's save: start, call 1, reply 1, result r1, call 2, reply 2
+        ("store.save.temp_synced", 6),
     ],
 )
 def test_a_lost_reply_asked_again_of_a_fickle_model_is_followed_consistently(

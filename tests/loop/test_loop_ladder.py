@@ -46,9 +46,10 @@ VARIANTS = {
     "write-no-lookup": Variant("write", '{"note": "A1"}', Toolset(write_lookup="none")),
 }
 
-# Where the first process dies. The saves of a one-call run: 1 start, 2 reply, 3 attempt, 4 result.
+# Where the first process dies. The saves of a one-call run: 1 start, 2 model call, 3 reply,
+# 4 attempt, 5 result.
 MOMENTS: dict[str, Callable[[str], CrashPlan]] = {
-    "a-marker-not-durable": lambda tool: CrashPlan(label="store.save.temp_written", occurrence=3),
+    "a-marker-not-durable": lambda tool: CrashPlan(label="store.save.temp_written", occurrence=4),
     "b-marker-saved": lambda tool: CrashPlan(label="loop.saved.attempt"),
     "c-acted-unsaved": lambda tool: CrashPlan(label=f"loop.tool_returned:{tool}"),
     "d-result-saved": lambda tool: CrashPlan(label="loop.saved.result"),

@@ -39,18 +39,20 @@ def test_a_run_killed_after_every_reply_still_stops_at_its_turn_limit(world: Wor
 
 
 def test_a_run_killed_after_every_reply_still_stops_at_its_dollar_limit(world: World) -> None:
-    """Dollars come from the state, so a run SIGKILLed after every reply stops at max_dollars."""
+    """Dollars come from the state, so a run SIGKILLed after every reply stops at max_dollars,
+    refusing the call that could pass it."""
     dollar_a_turn = Price(input=10_000.0, output=0.0)  # 100 input tokens a turn: $1.00
     job = Job(replies=LONG, limits=Limits(max_dollars=2.5), price=dollar_a_turn)
 
     first = start(world, job, plan=dies_after_each_reply())
-    restarts = [resume(world, job, plan=dies_after_each_reply()) for _ in range(3)]
+    restarts = [resume(world, job, plan=dies_after_each_reply()) for _ in range(2)]
 
-    assert [c.returncode for c in (first, *restarts[:2])] == [-9, -9, -9]
-    assert restarts[2].error == "DollarLimit"
+    assert [c.returncode for c in (first, restarts[0])] == [-9, -9]
+    assert restarts[1].error == "DollarLimit"
+    assert "could cost up to $1.0000" in restarts[1].message
     state = world.state()
-    assert (state.dollars, state.turns, state.stop_reason) == (3.0, 3, "dollar-limit")
-    assert world.model_turns() == [1, 2, 3]
+    assert (state.dollars, state.turns, state.stop_reason) == (2.0, 2, "dollar-limit")
+    assert world.model_turns() == [1, 2]
 
 
 @pytest.mark.parametrize("limit", ["turns", "dollars"])

@@ -18,7 +18,8 @@ STORE_SAVE = [
 
 
 def test_the_loop_saves_start_reply_pause_attempt_result_then_the_answer(world: World) -> None:
-    """A run with one approved write saves start, reply, pause, attempt, result, then the answer."""
+    """A run with one approved write saves start, reply, pause, attempt, result, then the answer,
+    and a model-call marker before each reply."""
     job = Job(
         replies=(reply(("w1", "write", '{"note": "refund A1"}')), answer()),
         toolset=Toolset(write_needs_approval=True),
@@ -29,7 +30,16 @@ def test_the_loop_saves_start_reply_pause_attempt_result_then_the_answer(world: 
         outcome = asyncio.run(job.agent(world).run(TASK, name="job"))
 
     saves = [label.removeprefix("loop.saved.") for label in plan.reached if "loop.saved." in label]
-    assert saves == ["start", "reply", "pause", "attempt", "result", "reply"]
+    assert saves == [
+        "start",
+        "model_call",
+        "reply",
+        "pause",
+        "attempt",
+        "result",
+        "model_call",
+        "reply",
+    ]
     assert outcome.state.phase is Phase.DONE  # the last reply save is the done save
     # Every loop save point follows a whole store save: temp written, synced, renamed, dir synced.
     for at, label in enumerate(plan.reached):

@@ -78,6 +78,8 @@ class Expected:
     """Ladder step and outcome of each call left in doubt."""
     approvals: Counter[str]
     """Times the approver was asked about each call."""
+    paused: bool = False
+    """The last save before the crash was a pause: the resume is not a restart."""
 
 
 def expect(timeline: Timeline, crash: int) -> Expected:
@@ -119,7 +121,13 @@ def expect(timeline: Timeline, crash: int) -> Expected:
             approvals[call.id] = 2 if asked_unsaved else 1
     restarted = crash < timeline.landed(timeline.at("loop.saved.start")[0])
     finished = crash >= timeline.landed(saved[-1])
-    return Expected(restarted, finished, turns, runs, resolutions, approvals)
+    kept = [
+        label
+        for i, label in enumerate(timeline.labels, 1)
+        if label.startswith("loop.saved.") and crash >= timeline.landed(i)
+    ]
+    paused = bool(kept) and kept[-1] == "loop.saved.pause"
+    return Expected(restarted, finished, turns, runs, resolutions, approvals, paused)
 
 
 def judge(world: World, expected: Expected, reference: RunState) -> list[str]:
@@ -139,7 +147,8 @@ def judge(world: World, expected: Expected, reference: RunState) -> list[str]:
     check(
         "usage", (state.turns, state.usage, state.dollars), (4, reference.usage, reference.dollars)
     )
-    check("resumes", state.resumes, 0 if expected.restarted or expected.finished else 1)
+    not_restarts = expected.restarted or expected.finished or expected.paused
+    check("resumes", state.resumes, 0 if not_restarts else 1)
     check("model requests per turn", Counter(world.model_turns()), expected.turns)
 
     receiver = world.receiver()

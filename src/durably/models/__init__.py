@@ -13,17 +13,32 @@ taken back: a listener shows them, it never keeps them.
 :class:`ScriptedModel` answers from a list given in code, by turn, so a resumed
 run in a new process continues the script. It can log every call it answers to
 a file, which is how tests count replies paid twice across processes.
+
+Everything an adapter returns is user code's output: :func:`checked_reply`
+refuses a reply of the wrong shape (a non-string call ID, negative usage, text
+UTF-8 cannot encode) with a :class:`~durably.ModelError` naming the model and
+the turn, before anything of it is saved.
+
+Before each call the loop prices the call's worst case (:func:`worst_case`): a
+model may say what a request can use at most through an optional
+``usage_bound(request) -> Usage`` method; otherwise the bound is the request's
+size (a token is at least one byte) plus the model's ``max_output_tokens`` (or
+``max_tokens``) attribute.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+
+from .._values import describe, text_problem
 from ..errors import ModelError
 from ..state import Message, Usage
 
@@ -37,6 +52,10 @@ __all__ = [
     "Reply",
     "ScriptedModel",
     "ToolSpec",
+    "UsageBound",
+    "WorstCase",
+    "checked_reply",
+    "worst_case",
 ]
 
 
@@ -144,6 +163,154 @@ class Model(Protocol):
         ...
 
 
+@runtime_checkable
+class UsageBound(Protocol):
+    """A model that can say the most a request may use (optional, beside :class:`Model`)."""
+
+    def usage_bound(self, request: ModelRequest) -> Usage:
+        """The most tokens of each kind answering ``request`` can be billed for."""
+        ...
+
+
+def checked_reply(reply: object, *, model: str, turn: int) -> Reply:
+    """``reply`` if it is a :class:`Reply` durably can store, else a clear :class:`ModelError`.
+
+    Raises:
+        ModelError: naming the model, the turn and the value that does not fit.
+    """
+
+    def refuse(what: str, problem: str) -> ModelError:
+        return ModelError(
+            provider=model,
+            reason=f"the reply for turn {turn} is unusable: {what}: {problem}",
+            remedy="fix the model adapter; nothing of this reply was saved, and resuming "
+            "asks for it again",
+        )
+
+    if not isinstance(reply, Reply):
+        return_type = describe(reply)
+        raise refuse("model.reply returned", f"expected durably.Reply, got {return_type}")
+    if reply.text is not None and (problem := text_problem(reply.text)):
+        raise refuse("text", problem)
+    if reply.model is not None and (problem := text_problem(reply.model)):
+        raise refuse("model", problem)
+    if isinstance(reply.calls, str | bytes) or not isinstance(reply.calls, Sequence):
+        raise refuse("calls", f"expected a sequence of durably.Call, got {describe(reply.calls)}")
+    for index, call in enumerate(reply.calls):
+        if not isinstance(call, Call):
+            raise refuse(f"calls[{index}]", f"expected durably.Call, got {describe(call)}")
+        for name in ("id", "name", "arguments"):
+            if problem := text_problem(getattr(call, name)):
+                raise refuse(f"calls[{index}].{name}", problem)
+    usage = reply.usage
+    if not isinstance(usage, Usage):
+        raise refuse("usage", f"expected durably.Usage, got {describe(usage)}")
+    if problem := usage_problem(usage):
+        raise refuse("usage", problem)
+    return reply
+
+
+def usage_problem(usage: Usage) -> str | None:
+    """Why ``usage`` is not a count of tokens, or None when it is."""
+    for name in usage.__struct_fields__:
+        value = getattr(usage, name)
+        if type(value) is not int or value < 0:
+            return f"{name} must be a whole number of tokens, 0 or more, got {describe(value)}"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorstCase:
+    """The most one model call can cost, priced before it is made."""
+
+    dollars: float
+    usage: Usage
+    """The bound on each kind of token."""
+    bounded: bool
+    """False when the model declares no output limit: ``dollars`` then prices the input only."""
+
+
+_FRAMING_TOKENS = 1024
+"""Tokens a provider adds around a request (role markers, the tool-use preamble that
+Anthropic documents at a few hundred tokens), counted generously."""
+_TOKENS_PER_MESSAGE = 16
+
+
+def request_tokens_bound(request: ModelRequest) -> int:
+    """An upper bound on the input tokens of ``request``.
+
+    Byte-level BPE tokenizers (those of Anthropic and OpenAI) never make a token
+    of less than one byte, so a request's UTF-8 size, here as JSON (which only
+    adds bytes), bounds its tokens; framing is added on top.
+    """
+    size = len(request.system.encode()) + len((request.summary or "").encode())
+    size += len(msgspec.json.encode(list(request.messages)))
+    size += len(msgspec.json.encode([(t.name, t.description, t.schema) for t in request.tools]))
+    return size + _FRAMING_TOKENS + _TOKENS_PER_MESSAGE * len(request.messages)
+
+
+def worst_case(model: Model, request: ModelRequest) -> WorstCase:
+    """The most answering ``request`` can cost at ``model``'s price.
+
+    Raises:
+        ModelError: the model's ``usage_bound`` or ``dollars`` gave something that
+            is not a count of tokens or an amount.
+    """
+    name = _model_name(model)
+    bounded = True
+    if isinstance(model, UsageBound):
+        usage = model.usage_bound(request)
+        if not isinstance(usage, Usage) or usage_problem(usage):
+            raise ModelError(
+                provider=name,
+                reason=f"usage_bound returned {describe(usage)}, not a durably.Usage of counts",
+                remedy="fix the model adapter's usage_bound",
+            )
+        dollars = priced(model, usage)
+    else:
+        inputs = request_tokens_bound(request)
+        limit = getattr(model, "max_output_tokens", None) or getattr(model, "max_tokens", None)
+        outputs = limit if type(limit) is int and limit > 0 else 0
+        bounded = outputs > 0
+        # The bound does not know how the provider will bill the input (fresh, cache
+        # write, cache read): price it all at the dearest of the three.
+        candidates = [
+            Usage(input_tokens=inputs, output_tokens=outputs),
+            Usage(cache_write_tokens=inputs, output_tokens=outputs),
+            Usage(cache_read_tokens=inputs, output_tokens=outputs),
+        ]
+        prices = [priced(model, u) for u in candidates]
+        dollars = max(prices)
+        usage = candidates[prices.index(dollars)]
+    return WorstCase(dollars=dollars, usage=usage, bounded=bounded)
+
+
+def priced(model: Model, usage: Usage) -> float:
+    """``model.dollars(usage)``, refused unless it is an amount durably can store.
+
+    Raises:
+        ModelError: the price is not a finite amount of 0 or more.
+    """
+    dollars = model.dollars(usage)
+    if (
+        isinstance(dollars, bool)
+        or not isinstance(dollars, int | float)
+        or not math.isfinite(dollars)
+        or dollars < 0
+    ):
+        raise ModelError(
+            provider=_model_name(model),
+            reason=f"model.dollars returned {describe(dollars)}, not an amount of 0 or more",
+            remedy="fix the model adapter's dollars()",
+        )
+    return float(dollars)
+
+
+def _model_name(model: Model) -> str:
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) else type(model).__name__
+
+
 class CallLog:
     """An append-only log of model calls, one JSON line per call, shared by processes.
 
@@ -225,6 +392,16 @@ class ScriptedModel:
     def dollars(self, usage: Usage) -> float:
         """What ``usage`` costs at this model's price."""
         return self._price.dollars(usage)
+
+    def usage_bound(self, request: ModelRequest) -> Usage:
+        """Exactly what the scripted reply for ``request.turn`` uses: the script knows."""
+        if 1 <= request.turn <= len(self._replies):
+            usage = self._replies[request.turn - 1].usage
+            if isinstance(usage, Usage) and usage_problem(usage) is None:
+                return usage
+        # No such turn (reply() refuses it without a cost), or a scripted usage that
+        # checked_reply will refuse with a clearer message than a bound could give.
+        return Usage()
 
     async def reply(self, request: ModelRequest) -> Reply:
         """The scripted reply for ``request.turn``."""

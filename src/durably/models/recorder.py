@@ -76,6 +76,14 @@ class RecordingModel:
         """What ``usage`` costs at the inner model's price."""
         return self.inner.dollars(usage)
 
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The inner model's output limit, so the loop can bound each call's price."""
+        limit = getattr(self.inner, "max_output_tokens", None) or getattr(
+            self.inner, "max_tokens", None
+        )
+        return limit if isinstance(limit, int) else None
+
     async def reply(self, request: ModelRequest) -> Reply:
         """The inner model's reply, recorded before it is returned.
 

@@ -8,6 +8,11 @@ sharing the file never both run the same key. The database runs in WAL mode
 with ``synchronous=FULL``: a finished key survives a crash or power cut of the
 service.
 
+Keys are scoped by principal, as Stripe scopes them by account: a receiver
+stores a client's key as :func:`scoped_key` of a digest of who sent it (its
+credentials, or the identity the service names) and the key, so the same key
+from another principal is another key, never a replay of someone else's result.
+
 A key older than the TTL counts as no key: a new request with it runs again.
 Its row is kept as a tombstone (its result dropped), so a lookup can tell "I
 forgot" from "I never saw it"; only the second may be answered "not found".
@@ -18,8 +23,11 @@ All SQLite calls run in a worker thread (``asyncio.to_thread``) under one lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import hashlib
 import os
+import random
 import secrets
 import sqlite3
 import threading
@@ -45,6 +53,8 @@ __all__ = [
     "Stored",
     "StoredOutcome",
     "StoredResponse",
+    "principal_digest",
+    "scoped_key",
     "valid_key",
 ]
 
@@ -170,25 +180,35 @@ class IdempotencyStore:
         self.ttl = ttl
         self.clock = clock
         self._lock = threading.Lock()
+        _make_private(self.path)
         # One connection shared by worker threads, serialized by the lock;
         # autocommit mode so every transaction below is explicit.
         self._db = sqlite3.connect(
-            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            self.path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            if version > FORMAT:
-                raise RuntimeError(
-                    f"{self.path} holds idempotency keys in format {version}; this durably "
-                    f"reads format {FORMAT}: upgrade durably, or give the store a new file"
-                )
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version = {FORMAT}")
+            _retry_while_busy(self._set_up, path=self.path)
         except BaseException:
             self._db.close()
             raise
+
+    def _set_up(self) -> None:
+        """Put a new or existing database in WAL mode with the current schema.
+
+        Switching to WAL takes the database's exclusive lock without SQLite's busy
+        handler, so several processes opening a fresh file at once see ``database
+        is locked`` at once, whatever the timeout: the caller retries.
+        """
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version > FORMAT:
+            raise RuntimeError(
+                f"{self.path} holds idempotency keys in format {version}; this durably "
+                f"reads format {FORMAT}: upgrade durably, or give the store a new file"
+            )
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {FORMAT}")
 
     def close(self) -> None:
         """Close the database; the store cannot be used afterwards."""
@@ -299,6 +319,62 @@ class IdempotencyStore:
             finished_at=finished_at,
             result=_DECODER.decode(result),
         )
+
+
+_BUSY_TIMEOUT: Final = 30.0
+"""Seconds a statement (and the first-open setup, in all) waits for another process's lock."""
+
+
+def _make_private(path: Path) -> None:
+    """Create the database file 0600 (never through a symlink), or take away others' access.
+
+    SQLite gives its ``-wal`` and ``-shm`` files the database file's mode, so
+    all three hold response bodies (tokens, cookies) only the service user can read.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        info = os.lstat(path)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            for name in (path, *(Path(f"{path}{suffix}") for suffix in ("-wal", "-shm"))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(name, 0o600, follow_symlinks=False)
+        return
+    os.fchmod(fd, 0o600)  # a umask only ever removes bits; this is exact
+    os.close(fd)
+
+
+def _retry_while_busy(set_up: Callable[[], None], *, path: Path) -> None:
+    """Run ``set_up``, retrying ``database is locked`` with growing, jittered waits."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT
+    pause = 0.01
+    while True:
+        try:
+            set_up()
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 -- spreads retries; not a secret
+        pause = min(pause * 2, 0.5)
+
+
+def principal_digest(principal: str | bytes | None) -> str:
+    """A short digest naming a principal without storing its credentials ("" for none).
+
+    The digest, not the credential, goes into the stored key: the database then
+    holds no token or cookie a reader of the file could reuse.
+    """
+    if not principal:
+        return ""
+    data = principal.encode("utf-8") if isinstance(principal, str) else principal
+    return hashlib.sha256(b"durably-principal\0" + data).hexdigest()[:32]
+
+
+def scoped_key(principal: str, key: str) -> str:
+    """The key as stored: ``<principal digest>/<key>``, or the key alone for no principal."""
+    return f"{principal}/{key}" if principal else key
 
 
 def valid_key(key: str) -> bool:

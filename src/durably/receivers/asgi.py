@@ -20,6 +20,16 @@ carries an ``Idempotency-Key`` header:
   then, ``409`` with ``Retry-After`` (durably's HTTP tools retry it);
 - a key older than the store's TTL counts as new.
 
+Keys are scoped by principal, as Stripe scopes them by account: by default the
+principal is the request's ``Authorization`` header, or its cookies when it has
+none (hashed; neither is stored), so the same key sent by another client, or with no
+credentials, is a *different key*: it runs as a new request (through the
+application and its authentication) and never receives another principal's
+stored response. Pass ``principal=`` to name the principal yourself (an account
+ID from your authentication) when a client's credentials change between its
+retries (rotating tokens or session cookies): a retry whose principal changed
+is a new request, and would run again.
+
 Requests without the header, other methods and other protocols (websocket,
 lifespan) pass through untouched. Responses with a key are buffered whole
 before they are sent, so do not put keys on streaming endpoints.
@@ -45,22 +55,34 @@ from ._store import (
     Mismatch,
     Replay,
     StoredResponse,
+    principal_digest,
+    scoped_key,
     valid_key,
 )
 from .lookup import http_answer, lookup
 
-__all__ = ["REPLAYED_HEADER", "ASGIApp", "IdempotencyMiddleware", "LookupApp"]
+__all__ = [
+    "REPLAYED_HEADER",
+    "ASGIApp",
+    "IdempotencyMiddleware",
+    "LookupApp",
+    "Principal",
+    "credentials_principal",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Principal = Callable[[Scope], str | bytes | None]
+"""Who sent a request (None: nobody in particular); hashed before it is stored."""
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 """Set to ``true`` on a response replayed from the store."""
 
 _HEADER: Final = IDEMPOTENCY_HEADER.lower().encode("latin-1")
+_CREDENTIALS: Final = (b"authorization", b"cookie")
 # Per-connection or per-moment headers: a replay gets fresh ones from the server.
 _NOT_STORED: Final = frozenset({"date", "server", "connection", "keep-alive", "transfer-encoding"})
 _CRASHED: Final = StoredResponse(
@@ -82,6 +104,8 @@ class IdempotencyMiddleware:
         lookup_path: also answer ``GET <lookup_path>/<key>`` (see
             :mod:`durably.receivers.lookup`); None (the default) leaves lookups
             to a :class:`LookupApp` you mount behind your own authentication.
+        principal: who sent a request; keys are scoped by it (default:
+            :func:`credentials_principal`: ``Authorization``, else the cookies).
     """
 
     def __init__(
@@ -92,12 +116,18 @@ class IdempotencyMiddleware:
         wait: float = 10.0,
         methods: Collection[str] = ("POST", "PUT", "PATCH", "DELETE"),
         lookup_path: str | None = None,
+        principal: Principal | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.wait = wait
         self.methods = frozenset(m.upper() for m in methods)
-        self.lookup = LookupApp(store, prefix=lookup_path) if lookup_path is not None else None
+        self.principal = principal or credentials_principal
+        self.lookup = (
+            LookupApp(store, prefix=lookup_path, principal=self.principal)
+            if lookup_path is not None
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""
@@ -118,7 +148,8 @@ class IdempotencyMiddleware:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its body; nothing ran
-        claim = await self.store.claim(key, _fingerprint(scope, body), wait=self.wait)
+        stored_key = scoped_key(principal_digest(self.principal(scope)), key)
+        claim = await self.store.claim(stored_key, _fingerprint(scope, body), wait=self.wait)
         if isinstance(claim, Replay):
             if isinstance(claim.result, StoredResponse):
                 await _send_stored(send, claim.result, replayed=True)
@@ -191,9 +222,12 @@ class LookupApp:
     as private as the request that produced it.
     """
 
-    def __init__(self, store: IdempotencyStore, *, prefix: str = "") -> None:
+    def __init__(
+        self, store: IdempotencyStore, *, prefix: str = "", principal: Principal | None = None
+    ) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/") + "/"
+        self.principal = principal or credentials_principal
 
     def matches(self, scope: Scope) -> bool:
         """True for a GET under this app's prefix."""
@@ -208,12 +242,28 @@ class LookupApp:
         if not valid_key(key):
             await _send_json(send, 400, {"error": "invalid-idempotency-key"})
             return
-        answer = http_answer(await lookup(self.store, key))
+        principal = principal_digest(self.principal(scope))
+        answer = http_answer(await lookup(self.store, key, principal=principal))
         await _send_stored(
             send,
             StoredResponse(status=answer.status, headers=answer.headers, body=answer.body),
             replayed=False,
         )
+
+
+def credentials_principal(scope: Scope) -> bytes | None:
+    """The default principal: the request's ``Authorization`` header, else its cookies, else None.
+
+    Cookies count only without ``Authorization``: an API client's cookie jar
+    picks up whatever a response sets, and a retry must not become another
+    principal's request because of it.
+    """
+    headers = scope.get("headers", ())
+    for name in _CREDENTIALS:
+        found = sorted(bytes(v) for k, v in headers if k == name)
+        if found:
+            return name + b"=" + b"\0".join(found)
+    return None
 
 
 def _fingerprint(scope: Scope, body: bytes) -> str:

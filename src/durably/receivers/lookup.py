@@ -21,12 +21,21 @@ treats as "cannot tell" and passes to a person.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import msgspec
 
 from ..transports.http import ORIGINAL_STATUS_HEADER
-from ._store import IdempotencyStore, KeyRecord, KeyState, StoredOutcome, StoredResponse, valid_key
+from ._store import (
+    IdempotencyStore,
+    KeyRecord,
+    KeyState,
+    StoredOutcome,
+    StoredResponse,
+    scoped_key,
+    valid_key,
+)
 
 __all__ = ["LookupAnswer", "http_answer", "lookup"]
 
@@ -46,15 +55,20 @@ class LookupAnswer:
     body: bytes
 
 
-async def lookup(store: IdempotencyStore, key: str) -> KeyRecord:
+async def lookup(store: IdempotencyStore, key: str, *, principal: str = "") -> KeyRecord:
     """What ``store`` knows about ``key``: done (with the result), in flight, expired or unknown.
+
+    ``principal`` is the asker's :func:`~durably.receivers._store.principal_digest`:
+    a key is looked up within its principal's scope, so one client cannot read
+    another's stored response.
 
     Raises:
         ValueError: the key is not 1 to 255 printable ASCII characters.
     """
     if not valid_key(key):
         raise ValueError(f"not an idempotency key: {key!r}")
-    return await store.record(key)
+    record = await store.record(scoped_key(principal, key))
+    return dataclasses.replace(record, key=key)
 
 
 def http_answer(record: KeyRecord) -> LookupAnswer:

@@ -15,6 +15,14 @@ middleware does:
   seconds for it, then is an error saying the call is still in flight;
 - a key older than the store's TTL counts as new.
 
+Keys are scoped by principal (per client), as the HTTP middleware scopes them:
+by default the principal is the ``Authorization`` header (else the cookies) of
+the HTTP request that carried the call (hashed), and nobody in particular over
+stdio, where the one client is the process that started the server. The same
+key from another principal is a new call, never a replay of another client's
+result. Pass ``principal=`` (a function of the ``Context``) to name clients
+yourself, for instance by the user your authentication found.
+
 Calls without a key run as before. ::
 
     store = IdempotencyStore("keys.sqlite3")
@@ -47,9 +55,19 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..transports.mcp import META_KEY
-from ._store import Busy, Claimed, IdempotencyStore, Mismatch, Replay, StoredOutcome, valid_key
+from ._store import (
+    Busy,
+    Claimed,
+    IdempotencyStore,
+    Mismatch,
+    Replay,
+    StoredOutcome,
+    principal_digest,
+    scoped_key,
+    valid_key,
+)
 
-__all__ = ["META_KEY", "ReplayedError", "deduplicated", "key_from_meta"]
+__all__ = ["META_KEY", "ReplayedError", "deduplicated", "key_from_meta", "request_credentials"]
 
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
@@ -74,7 +92,11 @@ def key_from_meta(meta: Any) -> str | None:
 
 
 def deduplicated(
-    store: IdempotencyStore, *, wait: float = 10.0, name: str | None = None
+    store: IdempotencyStore,
+    *,
+    wait: float = 10.0,
+    name: str | None = None,
+    principal: Callable[[Any], str | bytes | None] | None = None,
 ) -> Callable[[_F], _F]:
     """Make an async MCP tool function run once per idempotency key.
 
@@ -85,7 +107,10 @@ def deduplicated(
         store: where keys and results live (its TTL and clock apply).
         wait: seconds a concurrent call with the same key waits for the first.
         name: the tool's name in the key's fingerprint (default: the function's).
+        principal: who made a call, from its ``Context``; keys are scoped by it
+            (default: :func:`request_credentials`).
     """
+    who = principal or request_credentials
 
     def decorate(function: _F) -> _F:
         if not inspect.iscoroutinefunction(function):
@@ -105,7 +130,8 @@ def deduplicated(
             if not valid_key(key):
                 raise sdk.ToolError(f"{META_KEY} is not a valid idempotency key")
             values = {n: v for n, v in bound.arguments.items() if n != context_name}
-            claim = await store.claim(key, _fingerprint(tool, values), wait=wait)
+            stored_key = scoped_key(principal_digest(who(context)), key)
+            claim = await store.claim(stored_key, _fingerprint(tool, values), wait=wait)
             if isinstance(claim, Replay):
                 return _replay(claim.result, sdk)
             if isinstance(claim, Mismatch):
@@ -157,6 +183,26 @@ def _fingerprint(tool: str, values: Mapping[str, Any]) -> str:
     digest.update(tool.encode("utf-8") + b"\0")
     digest.update(canonical)
     return digest.hexdigest()
+
+
+def request_credentials(context: Any) -> bytes | None:
+    """The default principal: the call's HTTP ``Authorization`` header, else its cookies.
+
+    None over stdio (no HTTP request): the one client is the process that
+    started the server.
+    """
+    try:
+        request = context.request_context.request
+    except (AttributeError, ValueError):
+        return None
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    for name in ("authorization", "cookie"):  # cookies only without Authorization, as over HTTP
+        value = headers.get(name)
+        if value:
+            return f"{name}={value}".encode()
+    return None
 
 
 def _request_meta(context: Any) -> Any:

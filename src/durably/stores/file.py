@@ -28,6 +28,7 @@ from .._sysio import FileSystem, filesystem_type, is_network_fs, is_regular
 from ..errors import (
     CheckpointCorrupt,
     Locked,
+    LockLost,
     RunExists,
     RunNotFound,
     SaveFailed,
@@ -36,7 +37,8 @@ from ..errors import (
 )
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
-from ._envelope import open_snapshot, seal
+from ._envelope import Opened, open_sealed, seal
+from ._guard import check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
 
@@ -104,14 +106,9 @@ class FileStore:
         dir_fd = self._directory_fd()
         lock_name = run_id + _LOCK_SUFFIX
         self._refuse_symlink(lock_name, dir_fd)
-        try:
-            # The lock file may outlive a creator that died before its first save
-            # returned: that ID never held a run, so taking it over reuses nothing.
-            lock_fd = self.fs.open(
-                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
-            )
-        except OSError as exc:
-            raise self._translate(exc, lock_name, run_id) from exc
+        # The lock file may outlive a creator that died before its first save
+        # returned: that ID never held a run, so taking it over reuses nothing.
+        lock_fd = self._open_lock(lock_name, run_id, dir_fd)
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
             raise Locked(run_id=run_id, path=self._path(lock_name))
@@ -137,15 +134,10 @@ class FileStore:
             self._refuse_symlink(lock_name, dir_fd)
             raise RunNotFound(run_id=run_id, where=str(self.directory))
         self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
-        try:
-            # O_CREAT: a power cut may keep the first save's rename but not the lock
-            # file's creation (directory operations on different names can persist
-            # out of order); the state file is what proves the run exists.
-            lock_fd = self.fs.open(
-                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
-            )
-        except OSError as exc:
-            raise self._translate(exc, lock_name, run_id) from exc
+        # O_CREAT: a power cut may keep the first save's rename but not the lock
+        # file's creation (directory operations on different names can persist
+        # out of order); the state file is what proves the run exists.
+        lock_fd = self._open_lock(lock_name, run_id, dir_fd)
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
             raise Locked(run_id=run_id, path=self._path(lock_name))
@@ -161,6 +153,9 @@ class FileStore:
     def read_sync(self, run_id: str) -> RunState:
         """Blocking form of :meth:`read`."""
         validate_run_id(run_id)
+        if self._dir_fd is None and not os.path.lexists(self.directory):
+            # A reader never creates the state directory (a mistyped --state stays a mistake).
+            raise RunNotFound(run_id=run_id, where=str(self.directory))
         return self._load(run_id, self._directory_fd())
 
     def list_runs_sync(self) -> list[str]:
@@ -200,6 +195,11 @@ class FileStore:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafePath(path=path, reason="not a directory (or a symlink)") from exc
             raise SaveFailed(run_id="-", path=path, reason=os.strerror(exc.errno or 0)) from exc
+        try:
+            check_trusted(os.fstat(fd), path=path, directory=True)
+        except BaseException:
+            self.fs.close(fd)
+            raise
         fs_type = filesystem_type(path)
         if is_network_fs(fs_type) and not self.allow_network_fs:
             self.fs.close(fd)
@@ -214,9 +214,9 @@ class FileStore:
     def _make_directory(self) -> None:
         """Create the state directory (0700) and sync it into its parent.
 
-        Missing parents are made the same way (default mode), each synced into its
-        own parent: an unsynced parent can vanish in a power cut, taking with it
-        runs whose saves returned.
+        Missing parents are made the same way (0700 too, whatever the umask), each
+        synced into its own parent: an unsynced parent can vanish in a power cut,
+        taking with it runs whose saves returned.
         """
         missing = [self.directory]
         while not missing[-1].parent.exists():
@@ -224,13 +224,13 @@ class FileStore:
         for directory in reversed(missing):
             is_state_dir = directory == self.directory
             try:
-                self.fs.mkdir(str(directory), 0o700 if is_state_dir else 0o777)
+                self.fs.mkdir(str(directory), 0o700)
             except FileExistsError:
                 if is_state_dir:
                     return
                 continue
-            if is_state_dir:  # undo a umask that removed bits
-                os.chmod(self.directory, 0o700, follow_symlinks=False)
+            # A umask can only remove bits; chmod gives exactly 0700 whatever it was.
+            os.chmod(directory, 0o700, follow_symlinks=False)
             if self.sync:
                 parent_fd = self.fs.open_dir(str(directory.parent))
                 try:
@@ -241,7 +241,8 @@ class FileStore:
     def _refuse_symlink(self, name: str, dir_fd: int) -> None:
         info = self.fs.lstat(name, dir_fd=dir_fd)
         if info is not None and not is_regular(info):
-            raise UnsafePath(path=self._path(name), reason="it is not a regular file")
+            kind = describe_kind(info.st_mode)
+            raise UnsafePath(path=self._path(name), reason=f"it is not a regular file ({kind})")
 
     def _remove_temp_files(self, run_id: str, dir_fd: int) -> None:
         prefix = f".{run_id}."
@@ -255,39 +256,59 @@ class FileStore:
 
     def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
         """Load a run's state; ``owner`` is the handle when the run is opened (locked)."""
-        state, generation, _ = self._read_snapshot(run_id, dir_fd)
-        if generation:
+        opened, _ = self._read_snapshot(run_id, dir_fd)
+        if opened.journal:
             raise WrongStore(path=self.describe(run_id), store="journal")
-        return state
+        return opened.state
 
-    def _read_snapshot(self, run_id: str, dir_fd: int) -> tuple[RunState, int, int]:
-        """The snapshot's state, its journal generation and its size in bytes."""
+    def _read_snapshot(self, run_id: str, dir_fd: int) -> tuple[Opened, int]:
+        """The checked snapshot and its size in bytes."""
         name = run_id + _STATE_SUFFIX
         path = self._path(name)
+        data = self._read_trusted(name, run_id, dir_fd)
+        if data is None:
+            raise RunNotFound(run_id=run_id, where=str(self.directory))
+        opened = open_sealed(data, path=path)
+        if opened.state.run_id != run_id:
+            raise CheckpointCorrupt(
+                path=path, reason=f"it holds run {opened.state.run_id!r}, not {run_id!r}"
+            )
+        return opened, len(data)
+
+    def _read_trusted(self, name: str, run_id: str, dir_fd: int) -> bytes | None:
+        """The whole of a regular file of ours in the state directory; None if there is none."""
         try:
-            fd = self.fs.open(name, os.O_RDONLY | _NOFOLLOW, 0, dir_fd=dir_fd)
-        except FileNotFoundError as exc:
-            raise RunNotFound(run_id=run_id, where=str(self.directory)) from exc
+            fd = open_trusted(self.fs, name, os.O_RDONLY, 0, dir_fd=dir_fd, path=self._path(name))
+        except FileNotFoundError:
+            return None
         except OSError as exc:
             raise self._translate(exc, name, run_id) from exc
         try:
-            info = os.fstat(fd)
-            if not is_regular(info):
-                raise UnsafePath(path=path, reason="it is not a regular file")
-            data = self.fs.read(fd)
+            return self.fs.read(fd)
         finally:
             self.fs.close(fd)
-        state, generation = open_snapshot(data, path=path)
-        if state.run_id != run_id:
-            raise CheckpointCorrupt(
-                path=path, reason=f"it holds run {state.run_id!r}, not {run_id!r}"
+
+    def _open_lock(self, lock_name: str, run_id: str, dir_fd: int) -> int:
+        try:
+            return open_trusted(
+                self.fs,
+                lock_name,
+                os.O_RDWR | os.O_CREAT,
+                0o600,
+                dir_fd=dir_fd,
+                path=self._path(lock_name),
             )
-        return state, generation, len(data)
+        except OSError as exc:
+            raise self._translate(exc, lock_name, run_id) from exc
 
     def _translate(self, exc: OSError, name: str, run_id: str) -> Exception:
         path = self._path(name)
         if exc.errno == errno.ELOOP:
             return UnsafePath(path=path, reason="it is a symlink")
+        if exc.errno == errno.EISDIR:
+            return UnsafePath(path=path, reason="a directory stands there")
+        if exc.errno == errno.ENXIO:  # O_NONBLOCK write-open of a FIFO with no reader
+            return UnsafePath(path=path, reason="it is not a regular file (a FIFO or socket)")
         return SaveFailed(run_id=run_id, path=path, reason=os.strerror(exc.errno or 0))
 
 
@@ -299,6 +320,8 @@ class FileRun:
         self._run_id = run_id
         self._lock_fd: int | None = lock_fd
         self._broken: str | None = None
+        info = os.fstat(lock_fd)
+        self._lock_inode = (info.st_dev, info.st_ino)
 
     @property
     def run_id(self) -> str:
@@ -342,6 +365,25 @@ class FileRun:
                 path=self._store.describe(self._run_id),
                 reason=f"an earlier save failed ({self._broken}); reopen the run",
             )
+        self._check_lock_path()
+
+    def _check_lock_path(self) -> None:
+        """Stop when the lock file's name no longer leads to the file this handle locked.
+
+        A tmp cleaner (or a person) that deletes or replaces a held lock file lets
+        the next opener create a new one and lock it too: two owners. Comparing the
+        locked descriptor's inode with the name's before each save costs one
+        ``lstat`` and makes this owner stop before writing anything.
+        """
+        store = self._store
+        lock_name = self._run_id + _LOCK_SUFFIX
+        try:
+            info = store.fs.lstat(lock_name, dir_fd=store._directory_fd())
+        except OSError:
+            info = None
+        if info is None or (info.st_dev, info.st_ino) != self._lock_inode:
+            self._broken = "the lock file was deleted or replaced while held"
+            raise LockLost(run_id=self._run_id, path=store._path(lock_name))
 
     def _write_snapshot(self, data: bytes) -> None:
         """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""

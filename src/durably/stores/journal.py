@@ -3,8 +3,9 @@
 Per run, in the state directory (0700)::
 
     <run>.json         a snapshot in the checksummed envelope, naming its log generation G
-    <run>.<G>.log      records appended since that snapshot (0600)
-    <run>.lock         flock'ed by the owner; never deleted
+                       (inside the checksum)
+    <run>.<G>.log      a header record, then records appended since that snapshot (0600)
+    <run>.lock         flock'ed by the owner; never deleted; holds the watermark
 
 A save that only appended messages and changed a few fields appends one record
 holding just that change: one ``write`` and one ``fdatasync``. A record is
@@ -13,21 +14,32 @@ holding just that change: one ``write`` and one ``fdatasync``. A record is
 
 where the payload is JSON: ``{"seq": n, "add": [messages...], "set": {field: value}}``.
 When history is rewritten (the context policy's summary) or the log grows past
-a multiple of the snapshot, the store compacts: a new snapshot naming
-generation G+1, written with the crash-atomic protocol; only after its directory
-sync is the old log removed.
+a multiple of the snapshot, the store compacts: it creates the log of
+generation G+1 holding only its header record (``{"seq": 0, "run": ..., "gen":
+G+1}``, synced), then writes a new snapshot naming G+1 with the crash-atomic
+protocol, whose directory sync also keeps the new log's name; only then is the
+old log removed. So a snapshot of envelope version 2 always has its log, and a
+missing, emptied or foreign log is ``CheckpointCorrupt``.
+
+The watermark: after each save is durable the owner writes ``(G, last seq)``
+into its lock file (24 bytes with their own CRC, no sync: a process crash keeps
+it, a power cut may lose it). A log that ends before the watermark's sequence
+number, or a snapshot older than the watermark's generation, lost saves that
+were acknowledged: ``CheckpointCorrupt``, never a quiet cut.
 
 Recovery: load the snapshot, replay its generation's log. A torn tail (a record
 that never finished its flush: short, or failing its checksum with nothing valid
-after it) is cut off; a bad record with a valid record after it is
-``CheckpointCorrupt``, never skipped. The first record of a new log also syncs
-the directory, so the log's name survives a power cut with its data.
+after it) is cut off unless the watermark shows it was acknowledged; a bad
+record with a valid record after it is ``CheckpointCorrupt``, never skipped.
+docs/design.md ("What the journal detects") lists what is and is not detected.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import time
 import zlib
 from contextlib import suppress
 
@@ -36,22 +48,34 @@ import msgspec
 from .. import faults
 from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt
-from ..state import Message, RunState, utcnow
+from ..state import Message, RunState, check_ranges, utcnow
 from ._envelope import seal
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
 
+log = logging.getLogger("durably.store")
+
 _MAGIC = b"\xd7DJr"
 _HEADER = struct.Struct("<4sII")
 _LENGTH = struct.Struct("<I")
 _NOFOLLOW = os.O_NOFOLLOW
+_WATERMARK = struct.Struct("<4sQQI")
+_WATERMARK_MAGIC = b"DJw1"
+_READ_ATTEMPTS = 10
+"""A lock-free reader retries a refused load this many times in all (see ``_load``)."""
+_SCAN_CANDIDATES = 4096
+"""At most this many candidate records are checked after a damaged one (bounds the scan)."""
 
 
 class _Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     seq: int
     add: list[Message] = []
     set: dict[str, msgspec.Raw] = {}
+    run: str = ""
+    """Header record (seq 0) only: the run the log belongs to."""
+    gen: int = 0
+    """Header record (seq 0) only: the log's generation."""
 
 
 _record_encoder = msgspec.json.Encoder()
@@ -91,6 +115,21 @@ def _log_name(run_id: str, generation: int) -> str:
     return f"{run_id}.{generation}.log"
 
 
+def _watermark(generation: int, seq: int) -> bytes:
+    head = _WATERMARK_MAGIC + struct.pack("<QQ", generation, seq)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def _read_watermark(data: bytes) -> tuple[int, int] | None:
+    """(generation, seq) from a lock file's bytes, or None when it holds no whole watermark."""
+    if len(data) < _WATERMARK.size:
+        return None
+    magic, generation, seq, crc = _WATERMARK.unpack_from(data)
+    if magic != _WATERMARK_MAGIC or zlib.crc32(data[: _WATERMARK.size - 4]) != crc:
+        return None
+    return generation, seq
+
+
 class JournalStore(FileStore):
     """Runs as a snapshot plus an append-only log of changes (see the module docstring).
 
@@ -121,14 +160,62 @@ class JournalStore(FileStore):
         return JournalRun(self, run_id, lock_fd)
 
     def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
-        state, generation, snapshot_size = self._read_snapshot(run_id, dir_fd)
+        if owner is not None:
+            return self._load_once(run_id, dir_fd, owner=owner)
+        # A reader takes no lock: an owner saving or compacting meanwhile can make
+        # one reading inconsistent (a watermark newer than the log it read). Real
+        # damage stays; a race does not, so only a repeated refusal stands.
+        attempt = 1
+        while True:
+            before = self._files_now(run_id, dir_fd)
+            try:
+                return self._load_once(run_id, dir_fd, owner=None)
+            except CheckpointCorrupt:
+                if attempt >= _READ_ATTEMPTS or self._files_now(run_id, dir_fd) == before:
+                    raise  # nothing moved while it was read: the damage is real
+            time.sleep(0.002 * attempt)
+            attempt += 1
+
+    def _files_now(self, run_id: str, dir_fd: int) -> list[tuple[str, int, int, int]]:
+        """Name, inode, size and change time of the run's snapshot, lock and logs."""
+        names = [
+            run_id + ".json",
+            run_id + ".lock",
+            *(name for name, _ in self._logs(run_id, dir_fd)),
+        ]
+        found = []
+        for name in sorted(names):
+            info = self.fs.lstat(name, dir_fd=dir_fd)
+            if info is not None:
+                found.append((name, info.st_ino, info.st_size, info.st_mtime_ns))
+        return found
+
+    def _load_once(self, run_id: str, dir_fd: int, *, owner: FileRun | None) -> RunState:
+        opened, snapshot_size = self._read_snapshot(run_id, dir_fd)
+        state, generation = opened.state, opened.journal
         if generation == 0:  # a snapshot-store run: nothing to replay
             if isinstance(owner, JournalRun):
                 owner._adopt(state, generation=0, log_size=0, snapshot_size=snapshot_size, seq=0)
             return state
         name = _log_name(run_id, generation)
-        data = self._read_log(name, dir_fd)
-        seq, valid = self._replay(state, data, path=self._path(name))
+        path = self._path(name)
+        self._check_other_logs(run_id, generation, dir_fd)
+        # The watermark before the log: it is written after the records it counts.
+        mark = _read_watermark(self._read_trusted(run_id + ".lock", run_id, dir_fd) or b"")
+        data = self._read_trusted(name, run_id, dir_fd)
+        legacy = opened.version == 1
+        if data is None:
+            if not legacy:
+                raise CheckpointCorrupt(
+                    path=path,
+                    reason=f"the snapshot {self.describe(run_id)} names this log and it is "
+                    "missing (deleted, or the snapshot was altered)",
+                )
+            data = b""  # a version-1 snapshot: compacted and nothing appended since
+        header = None if legacy else (run_id, generation)
+        seq, valid = self._replay(state, data, path=path, header=header)
+        self._check_watermark(run_id, mark, generation, seq, log=path)
+        check_ranges(state, path=path)
         if isinstance(owner, JournalRun):
             if valid < len(data):
                 owner._cut_tail(name, valid)  # a torn tail that never finished its flush
@@ -136,38 +223,71 @@ class JournalStore(FileStore):
             owner._adopt(
                 state, generation=generation, log_size=valid, snapshot_size=snapshot_size, seq=seq
             )
+            owner._fresh = legacy  # rewrite a version-1 snapshot as version 2 first
         return state
 
-    def _read_log(self, name: str, dir_fd: int) -> bytes:
-        try:
-            fd = self.fs.open(name, os.O_RDONLY | _NOFOLLOW, 0, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return b""  # compacted and no change appended since
-        except OSError as exc:
-            raise self._translate(exc, name, name) from exc
-        try:
-            return self.fs.read(fd)
-        finally:
-            self.fs.close(fd)
+    def _check_other_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
+        """A log newer than the snapshot holding saves means the snapshot went back in time.
 
-    def _replay(self, state: RunState, data: bytes, *, path: str) -> tuple[int, int]:
-        """Apply the log's valid records to ``state``; return (last seq, valid byte length)."""
+        A newer log holding only its header is left by a compaction that died
+        before its snapshot's rename: nothing in it was ever acknowledged.
+        """
+        for name, other in self._logs(run_id, dir_fd):
+            if other <= generation:
+                continue
+            data = self._read_trusted(name, run_id, dir_fd) or b""
+            framed = _unframe(data, 0)
+            if framed is not None and _unframe(data, framed[1]) is not None:
+                raise CheckpointCorrupt(
+                    path=self.describe(run_id),
+                    reason=f"it names log generation {generation} but {self._path(name)} "
+                    f"(generation {other}) holds later saves: the snapshot was replaced "
+                    "by an older one or altered",
+                )
+
+    def _check_watermark(
+        self, run_id: str, mark: tuple[int, int] | None, generation: int, seq: int, *, log: str
+    ) -> None:
+        """Refuse a snapshot or log that lost a save its owner acknowledged."""
+        lock = run_id + ".lock"
+        if mark is None:
+            return
+        marked_generation, marked_seq = mark
+        if marked_generation > generation:
+            raise CheckpointCorrupt(
+                path=self.describe(run_id),
+                reason=f"it names log generation {generation}, but its owner had already "
+                f"saved in generation {marked_generation} (watermark in {self._path(lock)}): "
+                "the snapshot was replaced by an older one or altered",
+            )
+        if marked_generation == generation and marked_seq > seq:
+            raise CheckpointCorrupt(
+                path=log,
+                reason=f"it ends after record {seq}, but records up to {marked_seq} were "
+                f"saved and acknowledged (watermark in {self._path(lock)}): the log was "
+                "truncated or its last records damaged",
+            )
+
+    def _replay(
+        self, state: RunState, data: bytes, *, path: str, header: tuple[str, int] | None
+    ) -> tuple[int, int]:
+        """Apply the log's valid records to ``state``; return (last seq, valid byte length).
+
+        ``header`` is the (run, generation) the log's first record must name; None
+        for a log continuing a version-1 snapshot, which has no header record.
+        """
         offset, seq = 0, 0
+        if header is not None:
+            offset = _check_header(data, header, path=path)
         while offset < len(data):
             framed = _unframe(data, offset)
             if framed is None:
-                if _valid_record_after(data, offset + 1):
-                    raise CheckpointCorrupt(
-                        path=path, reason=f"a damaged record at byte {offset} with records after it"
-                    )
+                damage = _damage_after(data, offset)
+                if damage is not None:
+                    raise CheckpointCorrupt(path=path, reason=damage)
                 return seq, offset  # torn tail
             payload, end = framed
-            try:
-                record = _record_decoder.decode(payload)
-            except msgspec.DecodeError as exc:
-                raise CheckpointCorrupt(
-                    path=path, reason=f"record at byte {offset}: {exc}"
-                ) from exc
+            record = _decode_record(payload, path=path, offset=offset)
             if record.seq != seq + 1:
                 raise CheckpointCorrupt(
                     path=path, reason=f"record {record.seq} at byte {offset} follows {seq}"
@@ -179,29 +299,76 @@ class JournalStore(FileStore):
                     raise CheckpointCorrupt(path=path, reason=f"record {record.seq} sets {name!r}")
                 try:
                     setattr(state, name, decoder.decode(raw))
-                except msgspec.DecodeError as exc:
+                except (msgspec.DecodeError, RecursionError) as exc:
                     raise CheckpointCorrupt(
                         path=path, reason=f"record {record.seq}, field {name}: {exc}"
                     ) from exc
             seq, offset = record.seq, end
         return seq, offset
 
-    def _remove_stale_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
-        keep = _log_name(run_id, generation)
+    def _logs(self, run_id: str, dir_fd: int) -> list[tuple[str, int]]:
+        """This run's log files and their generations (exact names: run ``a`` is not ``a.b``)."""
+        found = []
         for name in self.fs.listdir(dir_fd):
-            if name.startswith(f"{run_id}.") and name.endswith(".log") and name != keep:
+            if name.startswith(f"{run_id}.") and name.endswith(".log"):
                 middle = name[len(run_id) + 1 : -len(".log")]
                 if middle.isdigit():
-                    self.fs.unlink(name, dir_fd=dir_fd)
+                    found.append((name, int(middle)))
+        return found
+
+    def _remove_stale_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
+        for name, other in self._logs(run_id, dir_fd):
+            if other != generation:
+                self.fs.unlink(name, dir_fd=dir_fd)
 
 
-def _valid_record_after(data: bytes, start: int) -> bool:
-    position = data.find(_MAGIC, start)
-    while position != -1:
+def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
+    """Check the log's header record names ``header``; return the offset after it."""
+    framed = _unframe(data, 0)
+    if framed is not None:
+        first = _decode_record(framed[0], path=path, offset=0)
+        if first.seq == 0 and (first.run, first.gen) == header:
+            return framed[1]
+    found = "nothing" if not data else "no header record for it"
+    raise CheckpointCorrupt(
+        path=path,
+        reason=f"it should start with the header of run {header[0]!r}, generation "
+        f"{header[1]}, and holds {found} (truncated, or another log put there)",
+    )
+
+
+def _decode_record(payload: bytes, *, path: str, offset: int) -> _Record:
+    try:
+        return _record_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise CheckpointCorrupt(path=path, reason=f"record at byte {offset}: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointCorrupt(
+            path=path, reason=f"record at byte {offset}: JSON nested too deeply"
+        ) from exc
+
+
+def _damage_after(data: bytes, offset: int) -> str | None:
+    """Why the bytes from ``offset`` are not a torn tail, or None when they may be one.
+
+    A torn tail is one unfinished append: a whole record after it means a record
+    in the middle was damaged. Each candidate costs a CRC over its claimed length,
+    so crafted garbage (magic bytes every few bytes) could make an unbounded scan
+    quadratic: after ``_SCAN_CANDIDATES`` candidates the tail is refused as damage.
+    """
+    position = data.find(_MAGIC, offset + 1)
+    for _ in range(_SCAN_CANDIDATES):
+        if position == -1:
+            return None
         if _unframe(data, position) is not None:
-            return True
+            return f"a damaged record at byte {offset} with records after it"
         position = data.find(_MAGIC, position + 1)
-    return False
+    if position == -1:
+        return None
+    return (
+        f"the {len(data) - offset} bytes after byte {offset} are not one unfinished append "
+        f"(more than {_SCAN_CANDIDATES} record headers in them)"
+    )
 
 
 class JournalRun(FileRun):
@@ -282,48 +449,101 @@ class JournalRun(FileRun):
         store, fs = self._journal, self._journal.fs
         name = _log_name(self._run_id, self._generation)
         dir_fd = store._directory_fd()
-        new_log = self._log_fd is None and self._log_size == 0
         if self._log_fd is None:
-            flags = os.O_WRONLY | _NOFOLLOW | (os.O_CREAT | os.O_EXCL if new_log else 0)
-            try:
-                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
-            except Exception:
-                if not new_log:
-                    raise
-                # A log of this generation left by a process that died before its first
-                # append was flushed holds nothing that was ever acknowledged.
-                fs.unlink(name, dir_fd=dir_fd)
-                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            # Compaction made this log with its header; it is never created here.
+            self._log_fd = self._step(
+                lambda: fs.open(name, os.O_WRONLY | _NOFOLLOW | os.O_NONBLOCK, 0, dir_fd=dir_fd),
+                name,
+            )
             fs.seek_end(self._log_fd)
         fd = self._log_fd
         self._step(lambda: fs.write(fd, record), name)
         faults.point("store.append.written")
         if store.sync:
             self._step(lambda: fs.datasync(fd), name, fatal=True)
-            if new_log:  # the log's directory entry must survive with its first record
-                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
         self._log_size += len(record)
         faults.point("store.append.synced")
+        self._mark(self._generation, self._seq + 1)
+
+    def _mark(self, generation: int, seq: int) -> None:
+        """Record in the lock file that saves up to ``seq`` of ``generation`` are durable.
+
+        No sync: it guards against a log truncated or damaged after the fact (the
+        page cache keeps it through a crash of this process); a power cut may lose
+        it, and then only what the log itself shows is detected.
+        """
+        fd = self._lock_fd
+        if fd is None:
+            return
+        try:
+            # Straight to the kernel, not through the FileSystem seam: this write is
+            # never synced, so a power cut can only leave an older, torn or absent
+            # watermark, each of which the load treats as weaker or absent. Were the
+            # power-loss model to enumerate those states it would check up to 8 times
+            # as many disks at every crash point and learn nothing new.
+            os.pwrite(fd, _watermark(generation, seq), 0)
+        except OSError as exc:  # the save itself is durable: only the detection aid is lost
+            log.warning("could not write the watermark of run %s: %s", self._run_id, exc)
+
+    def _new_log(self, generation: int) -> int:
+        """Create generation ``generation``'s log holding its synced header record."""
+        store, fs = self._journal, self._journal.fs
+        name = _log_name(self._run_id, generation)
+        dir_fd = store._directory_fd()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = fs.open(name, flags, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
+            # Left by a compaction that died before its snapshot's rename (the load
+            # checked it holds no saves): nothing in it was ever acknowledged.
+            fs.unlink(name, dir_fd=dir_fd)
+            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+        except OSError as exc:
+            raise self._store._translate(exc, name, self._run_id) from exc
+        try:
+            header = _record_encoder.encode(_Record(seq=0, run=self._run_id, gen=generation))
+            self._step(lambda: fs.write(fd, _frame(header)), name)
+            if store.sync:
+                self._step(lambda: fs.datasync(fd), name)
+                # The log's name must be durable before the snapshot naming it is
+                # renamed in: directory operations on two names may persist out of order.
+                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+        except BaseException:
+            fs.close(fd)
+            with suppress(OSError):
+                fs.unlink(name, dir_fd=dir_fd)
+            raise
+        return fd
 
     def _compact(self, state: RunState) -> None:
         store, fs = self._journal, self._journal.fs
         old = self._generation
         generation = old + 1
         data = seal(state, journal=generation)
-        self._write_snapshot(data)  # crash-atomic; ends with the directory sync
+        log_fd = self._new_log(generation)
+        try:
+            self._write_snapshot(data)  # crash-atomic; its directory sync keeps the new log too
+        except BaseException:
+            fs.close(log_fd)
+            raise
         if self._log_fd is not None:
             fs.close(self._log_fd)
-            self._log_fd = None
+        self._log_fd = log_fd
+        fs.seek_end(log_fd)
         if old:
             # Only now, after the new snapshot's directory sync: removing the old log
             # earlier could lose acknowledged saves if the rename were undone.
             with suppress(FileNotFoundError):
                 fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())
         faults.point("store.compact.done")
-        self._generation, self._seq, self._log_size = generation, 0, 0
+        self._generation, self._seq = generation, 0
+        self._log_size = _HEADER.size + len(
+            _record_encoder.encode(_Record(seq=0, run=self._run_id, gen=generation))
+        )
         self._snapshot_size = len(data)
         self._fresh = False
         self._remember(state)
+        self._mark(generation, 0)
 
     def _cut_tail(self, name: str, size: int) -> None:
         store, fs = self._journal, self._journal.fs

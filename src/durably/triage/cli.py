@@ -19,11 +19,13 @@ from rich.table import Table
 from .. import faults
 from .._exit import EXIT, runs_dir
 from ..approval import Approver, PolicyApprover, TerminalApprover
+from ..decisions import AskLater
 from ..errors import DurablyError, ModelError
 from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
 from ..models.select import choose_model, resolve_spec
 from ..state import Phase
+from ..stores._guard import check_trusted
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
 from .agent import build_agent, recording_path
@@ -78,6 +80,8 @@ class _Live:
                 f"  [magenta]in doubt[/magenta] {data['tool']} {data['call_id']}: "
                 f"ladder step {data['step']} ({step}) -> {data['outcome']}"
             )
+        elif event.kind == "unavailable":
+            say(f"  [yellow]nobody to ask[/yellow] about {data['tool']}: {data['reason']}")
         elif event.kind in ("approved", "refused"):
             say(f"  approval for {data['tool']}: {event.kind}")
         elif event.kind == "resumed":
@@ -85,6 +89,17 @@ class _Live:
                 f"[bold]resuming[/bold] {event.run_id}: phase {data['phase']}, "
                 f"turn {data['turns']}, restart {data['resumes']}"
             )
+
+
+def _check_trusted_directories(*directories: Path) -> None:
+    """Refuse an existing directory that another user owns or can write (as ssh does).
+
+    A world holds the code the run patches and the tests it runs: whoever can
+    swap files there can make this user run their code.
+    """
+    for path in directories:
+        if path.exists():
+            check_trusted(path.stat(), path=str(path), directory=True)
 
 
 def _find_unfinished(store: FileStore, task: str) -> tuple[str | None, str | None]:
@@ -120,12 +135,14 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         if args.store == "journal"
         else FileStore(runs_dir(state_dir))
     )
+    _check_trusted_directories(state_dir)
     run_id, finished = args.run, None
     if run_id is None and not args.new:
         run_id, finished = _find_unfinished(store, args.task)
     resuming = run_id is not None
     if run_id is None:
         run_id = new_run_id(args.task)
+    _check_trusted_directories(worlds_dir(state_dir), worlds_dir(state_dir) / run_id)
     try:
         if resuming:
             world = World.open(worlds_dir(state_dir) / run_id)
@@ -152,13 +169,23 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             shutil.rmtree(world.root)  # made a moment ago for a run that never started
         return EXIT["usage"]
 
-    approver: Approver = TerminalApprover() if args.approve == "on" else PolicyApprover()
+    approver: Approver = (
+        TerminalApprover()
+        if args.approve == "on"
+        else AskLater()
+        if args.approve == "later"
+        else PolicyApprover()
+    )
     agent = build_agent(
         world=world,
         store=store,
         approver=approver,
         model=model,
-        limits=Limits(max_turns=args.max_turns, max_dollars=args.max_dollars),
+        limits=Limits(
+            max_turns=args.max_turns,
+            max_dollars=args.max_dollars,
+            max_resumes=args.max_resumes,
+        ),
         observer=_Live(console),
     )
     plan = faults.CrashPlan()
@@ -215,7 +242,10 @@ def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -
         )
         for pending in outcome.pending:
             console.print(f"  {pending.kind} {pending.tool} {pending.call_id}: {pending.why or ''}")
-        console.print("run the same command again to answer them")
+        console.print(
+            "answer them with `durably answer` or `durably console` (or on the terminal with "
+            "--approve on), then run the same command again"
+        )
         return EXIT["paused"]
     checks = run_checks(world=world, state=state, store_dir=store_dir)
     passed = sum(c.ok for c in checks)
@@ -226,6 +256,11 @@ def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -
         "spent",
         f"${state.dollars:.4f} ({state.usage.input_tokens} in / {state.usage.output_tokens} out)",
     )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
     steps = [f"{cid}: step {r.step} {r.outcome}" for cid, r in state.resolutions.items()]
     table.add_row("ladder", "; ".join(steps) or "no call was in doubt")
     table.add_row("world", str(world.root))

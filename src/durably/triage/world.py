@@ -31,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from ..errors import FieldsPickle
+from ..stores._guard import make_private_directories
 from .tracker import DEFAULT_KEY_TTL, Clock, Tracker
 
 __all__ = [
@@ -287,7 +288,7 @@ class World:
         return world
 
     def _lay_out(self, task: str, marker: Path) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_directories(self.root)  # 0700 whatever the umask (issue 22)
         # Copy beside the final name, then rename: a crash never leaves a
         # half-copied directory under the name a run would use.
         staging = self.root / f".workspace-{secrets.token_hex(4)}"

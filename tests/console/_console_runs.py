@@ -1,0 +1,34 @@
+"""A paused run whose model and tool arguments hold markup, for the console's tests."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
+from durably.decisions import AskLater
+from durably.stores.file import FileStore
+
+RUN = "refund-1"
+HOSTILE = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
+
+
+def paused_run(runs: Path) -> None:
+    """A run whose model wrote markup, paused on an approval whose arguments hold markup too."""
+
+    @tool(effect=Effect.KEYED, needs_approval=True)
+    async def refund(ctx: ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    model = ScriptedModel(
+        [
+            Reply(
+                text=f"Refunding. {HOSTILE}",
+                calls=[Call(id="c1", name="refund", arguments='{"order_id": "' + "</pre>" + '"}')],
+            ),
+            Reply(text="done"),
+        ]
+    )
+    agent = Agent(model=model, tools=[refund], store=FileStore(runs), approver=AskLater())
+    assert asyncio.run(agent.run(f"refund {HOSTILE}", run_id=RUN)).status == "paused"

@@ -1,0 +1,190 @@
+"""The console's pages and its one write route: escaped text, a token for writes, stale answers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _console_runs import RUN, paused_run
+from starlette.testclient import TestClient
+
+import durably
+from durably.cli_person import StoreChoice
+from durably.console.server import create_app
+from durably.decisions import answer
+from durably.errors import StoreUnavailable
+from durably.state import Phase
+from durably.stores.directory import DirectoryStore
+from durably.stores.file import FileStore
+
+TOKEN = "t0ken-for-tests"  # noqa: S105 (a test token, not a secret)
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    paused_run(tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def client_for(runs: Path, **options: object) -> Iterator[TestClient]:
+    app = create_app(StoreChoice(directory=runs), token=TOKEN, **options)  # type: ignore[arg-type]
+    with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def client(runs: Path) -> Iterator[TestClient]:
+    yield from client_for(runs)
+
+
+def test_model_and_tool_text_renders_as_text_never_as_markup(client: TestClient) -> None:
+    """Markup in the task, the reply and the arguments arrives escaped on every page."""
+    for path in ("/", "/questions", f"/runs/{RUN}"):
+        page = client.get(path, params={"token": TOKEN}).text
+        assert "<script>document" not in page
+        assert "<img src=x" not in page
+        assert page.count("<script") == 1  # the console's own script, nothing else
+        assert '<script src="/static/console.js"></script>' in page
+    run_page = client.get(f"/runs/{RUN}").text
+    assert "&lt;script&gt;document.title=&quot;owned&quot;&lt;/script&gt;" in run_page
+    assert "&lt;/pre&gt;" in run_page
+
+
+def test_pages_forbid_every_script_but_the_consoles_own(client: TestClient) -> None:
+    """The Content-Security-Policy allows same-origin scripts only: a missed escape stays inert."""
+    policy = client.get("/").headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "unsafe-inline" not in policy
+
+
+def test_an_answer_without_the_token_is_refused_403_and_nothing_saved(
+    client: TestClient, runs: Path
+) -> None:
+    """A POST with no token or a wrong one gets 403 and the question still stands."""
+    for form in ({"call": "c1", "answer": "yes"}, {"call": "c1", "answer": "yes", "token": "x"}):
+        response = client.post(f"/runs/{RUN}/answer", data=form)
+        assert response.status_code == 403
+    assert list(FileStore(runs).read_sync(RUN).pending) == ["c1"]
+
+
+def test_pages_without_the_token_show_no_forms(client: TestClient) -> None:
+    """Whoever opens the console without its token can read, and is told how to answer."""
+    page = client.get("/questions").text
+    assert "<form" not in page
+    assert "it carries the write token" in page
+    assert TOKEN not in page
+
+
+def test_an_answer_with_the_token_is_the_same_saved_decision(
+    client: TestClient, runs: Path
+) -> None:
+    """The console's approve button saves the decision ``durably answer`` saves, then redirects."""
+    page = client.get("/questions", params={"token": TOKEN}).text
+    assert f'name="token" value="{TOKEN}"' in page
+    assert client.cookies.get("durably_console_80") == TOKEN
+
+    response = client.post(
+        f"/runs/{RUN}/answer",
+        data={"call": "c1", "answer": "no", "reason": "<b>not</b> now", "token": TOKEN},
+    )
+
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/runs/{RUN}?saved=c1"
+    state = FileStore(runs).read_sync(RUN)
+    assert state.pending == {}
+    assert state.decisions["c1"].approved is False
+    assert state.decisions["c1"].reason == "<b>not</b> now"
+    assert state.phase is Phase.TOOLS
+    shown = client.get(response.headers["location"]).text
+    assert "answer to c1 saved" in shown
+    assert "&lt;b&gt;not&lt;/b&gt; now" in shown
+
+
+def test_a_stale_answer_is_refused_with_a_visible_reason(client: TestClient, runs: Path) -> None:
+    """An answer to a question answered meanwhile (here by the CLI's function) shows why, 409."""
+    asyncio.run(answer(FileStore(runs), run_id=RUN, call_id="c1", decision=durably.Yes()))
+
+    response = client.post(
+        f"/runs/{RUN}/answer", data={"call": "c1", "answer": "no", "token": TOKEN}
+    )
+
+    assert response.status_code == 409
+    assert re.search(
+        r'role="alert">answer not saved: it was already answered \(approved\)', response.text
+    )
+    assert FileStore(runs).read_sync(RUN).decisions["c1"].approved
+
+
+def test_a_read_only_console_serves_no_write_route(runs: Path) -> None:
+    """With read_only there is no answer route at all, even with the token, and no forms."""
+    for client in client_for(runs, read_only=True):
+        response = client.post(
+            f"/runs/{RUN}/answer", data={"call": "c1", "answer": "yes", "token": TOKEN}
+        )
+        assert response.status_code in (404, 405)
+        assert "<form" not in client.get("/questions", params={"token": TOKEN}).text
+    assert list(FileStore(runs).read_sync(RUN).pending) == ["c1"]
+
+
+def test_only_the_hosts_the_console_serves_are_answered(client: TestClient) -> None:
+    """A request naming another host (a DNS-rebinding page) is refused."""
+    assert client.get("/", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/", headers={"host": "localhost:8470"}).status_code == 200
+
+
+def test_the_runs_table_filters_by_phase(client: TestClient) -> None:
+    """The phase filter keeps runs in that phase only."""
+    assert RUN in client.get("/", params={"phase": "paused"}).text
+    assert RUN not in client.get("/", params={"phase": "done"}).text
+
+
+def test_recorded_workspace_files_are_checked_against_the_disk(tmp_path: Path) -> None:
+    """Each file the run recorded shows whether it still matches, was changed or is missing."""
+    runs = tmp_path / "runs"
+    paused_run(runs)
+    store = FileStore(runs)
+    handle, state = store.open_sync(RUN)
+    same, edited = b"kept\n", b"before\n"
+    state.workspace = {
+        "same.txt": hashlib.sha256(same).hexdigest(),
+        "edited.txt": hashlib.sha256(edited).hexdigest(),
+        "gone.txt": hashlib.sha256(b"x").hexdigest(),
+    }
+    handle.save_sync(state)
+    handle.close_sync()
+    root = tmp_path / "worlds" / RUN
+    root.mkdir(parents=True)
+    (root / "same.txt").write_bytes(same)
+    (root / "edited.txt").write_bytes(b"after\n")
+
+    for client in client_for(runs, workspace=str(tmp_path / "worlds" / "{run}")):
+        page = client.get(f"/runs/{RUN}").text
+    rows = dict(re.findall(r"<code>([a-z]+\.txt)</code>.*?class=\"[a-z-]+\">([a-z ]+)</td>", page))
+    assert rows == {"edited.txt": "changed", "gone.txt": "missing", "same.txt": "matches"}
+
+
+def test_an_unknown_or_malformed_run_is_not_found(client: TestClient) -> None:
+    """A run ID that is not in the store, or could never be one, is a 404 naming it."""
+    assert client.get("/runs/nope").status_code == 404
+    missing = client.get("/runs/..%2F..%2Fetc")
+    assert missing.status_code == 404
+
+
+def test_a_store_that_fails_is_a_page_saying_so(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that cannot be reached answers 503 with the store's own message, no traceback."""
+
+    async def unreachable(self: DirectoryStore) -> list[str]:
+        raise StoreUnavailable(where=str(self.directory), reason="the disk went away")
+
+    monkeypatch.setattr(DirectoryStore, "list_runs", unreachable)
+    for client in client_for(runs):
+        response = client.get("/")
+    assert response.status_code == 503
+    assert "the store failed" in response.text
+    assert "the disk went away" in response.text

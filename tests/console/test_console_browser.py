@@ -1,0 +1,220 @@
+"""The console in a real browser (Debian's headless Chromium): answer the demo's approvals.
+
+The demo runs with ``--approve later``, so it pauses with its questions; a person
+answers them in the console; the demo's own command resumes the run (the console
+never runs agents: see docs/design.md), and the open page follows the run to done
+without a reload. Screenshots are saved under the directory the test prints
+(``$DURABLY_SCREENSHOTS`` when set).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _console_runs import HOSTILE, RUN, paused_run
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+DURABLY = [sys.executable, "-m", "durably"]
+
+
+def durably(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One ``durably`` command in its own process."""
+    env = {k: v for k, v in os.environ.items() if k != "DURABLY_DSN"}
+    return subprocess.run(
+        [*DURABLY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    """Headless Chromium from Debian, driven through Debian's chromedriver (nothing downloaded)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where this test's screenshots go; printed so a CI log says where to find them."""
+    root = Path(os.environ.get("DURABLY_SCREENSHOTS") or tmp_path / "screenshots")
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots: {root}")
+    return root
+
+
+class Console:
+    """``durably console`` in its own process; ``url`` carries the write token."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "DURABLY_DSN"}
+        self.process = subprocess.Popen(
+            [*DURABLY, "console", *args, "--port", "0"],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 30)
+        assert ready, "the console printed no address"
+        line = self.process.stdout.readline()
+        assert "http://" in line, line
+        self.url = line[line.index("http://") :].strip()
+        self.base = self.url.split("?", 1)[0].rstrip("/")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def start_console(tmp_path: Path) -> Iterator[type[Console]]:
+    started: list[Console] = []
+
+    def start(cwd: Path, *args: str) -> Console:
+        console = Console(cwd, *args)
+        started.append(console)
+        return console
+
+    yield start  # type: ignore[misc]
+    for console in started:
+        console.stop()
+
+
+def full_page(driver: WebDriver, path: Path) -> None:
+    """Save a screenshot of the page from its top, up to 1600 pixels of it."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, min(max(int(height) + 40, 700), 1600))
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 1000)
+
+
+def wait_for(driver: WebDriver, css: str, text: str, seconds: float = 45) -> None:
+    WebDriverWait(driver, seconds, poll_frequency=0.2).until(
+        ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text)
+    )
+
+
+def test_a_person_approves_the_demo_in_the_console_and_watches_it_finish(
+    tmp_path: Path, browser: WebDriver, shots: Path, start_console: type[Console]
+) -> None:
+    """Approve both of the demo's questions in the browser; the page follows the run to done."""
+    first = durably(tmp_path, "triage", "--state", "st", "--approve", "later", "--model", "replay")
+    assert first.returncode == 3, first.stdout + first.stderr
+    [run_id] = [p.stem for p in (tmp_path / "st" / "runs").glob("*.json")]
+    console = start_console(tmp_path, "--state", "st")
+
+    # The questions page lists the waiting approval, with its arguments and forms.
+    browser.get(console.url)  # the printed address: it hands the browser the write token
+    browser.get(f"{console.base}/questions")
+    wait_for(browser, "main h1", "Open questions (1)")
+    question = browser.find_element(By.CSS_SELECTOR, ".question")
+    assert "file_issue" in question.text
+    assert "Done after delete crashes" in question.text
+    full_page(browser, shots / "questions.png")
+
+    question.find_element(By.CSS_SELECTOR, "button.yes").click()
+    wait_for(browser, "main", "answer to")
+    assert f"/runs/{run_id}" in browser.current_url
+    assert "answered; the run carries on when a process resumes it" in browser.page_source
+
+    # From here on the page is never reloaded: a marker set now must survive the updates.
+    browser.execute_script("window.__stayed = 42")
+    second = durably(tmp_path, "triage", "--state", "st", "--approve", "later")
+    assert second.returncode == 3, second.stdout + second.stderr
+    wait_for(browser, "main", "Waiting for a person (1)")
+    assert "Empty title crashes" in browser.find_element(By.CSS_SELECTOR, ".question").text
+
+    listed = durably(tmp_path, "pending", "--state", "st", "--json")
+    assert "Empty title crashes" in listed.stdout
+    full_page(browser, shots / "run-waiting.png")
+    browser.find_element(By.CSS_SELECTOR, ".question button.yes").click()
+    wait_for(browser, "main", "answer to")
+
+    browser.execute_script("window.__stayed = 43")
+    last = durably(tmp_path, "triage", "--state", "st", "--approve", "later")
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert "16/16 checks passed" in last.stdout
+    wait_for(browser, "dl.facts .phase", "done")
+    assert browser.execute_script("return window.__stayed") == 43
+    assert "file_issue" in browser.find_element(By.CSS_SELECTOR, "main").text
+    full_page(browser, shots / "run-done.png")
+
+
+def test_a_stale_answer_and_a_forged_one_are_refused_in_the_browser(
+    tmp_path: Path, browser: WebDriver, shots: Path, start_console: type[Console]
+) -> None:
+    """A refusal typed while the CLI approved is refused with its reason; no token, no answer."""
+    paused = durably(tmp_path, "triage", "--state", "st", "--approve", "later", "--model", "replay")
+    assert paused.returncode == 3, paused.stdout + paused.stderr
+    [run_id] = [p.stem for p in (tmp_path / "st" / "runs").glob("*.json")]
+    console = start_console(tmp_path, "--state", "st")
+
+    browser.get(console.url)
+    browser.get(f"{console.base}/runs/{run_id}")
+    reason = browser.find_element(By.CSS_SELECTOR, ".question input[name=reason]")
+    reason.send_keys("not yet")  # the person is typing: the page holds still meanwhile
+    call = browser.find_element(By.CSS_SELECTOR, ".question").get_attribute("data-call")
+    assert call
+    meanwhile = durably(tmp_path, "answer", run_id, call, "yes", "--state", "st")
+    assert meanwhile.returncode == 0, meanwhile.stderr
+    time.sleep(2)  # longer than a poll: the typed reason must still be there
+    assert reason.get_attribute("value") == "not yet"
+    browser.find_element(By.CSS_SELECTOR, ".question button.no").click()
+
+    alert = browser.find_element(By.CSS_SELECTOR, "[role=alert]")
+    assert "answer not saved: it was already answered (approved)" in alert.text
+    full_page(browser, shots / "stale-answer.png")
+
+    # A form that does not carry the token (another site, a stale tab) gets 403.
+    browser.execute_script(
+        "const f = document.createElement('form'); f.method = 'post';"
+        "f.action = arguments[0];"
+        "for (const [k, v] of [['call', arguments[1]], ['answer', 'no'], ['token', 'guess']]) {"
+        "  const i = document.createElement('input'); i.name = k; i.value = v; f.append(i); }"
+        "document.body.append(f); f.submit();",
+        f"/runs/{run_id}/answer",
+        call,
+    )
+    WebDriverWait(browser, 45).until(lambda d: "403" in d.page_source)
+    assert "answers need the console" in browser.page_source
+
+
+def test_markup_from_the_model_is_shown_as_text_in_the_browser(
+    tmp_path: Path, browser: WebDriver, start_console: type[Console]
+) -> None:
+    """A reply holding <script> and an onerror image runs nothing; the person sees the text."""
+    paused_run(tmp_path / "runs")
+    console = start_console(tmp_path, "runs")
+
+    browser.get(f"{console.base}/runs/{RUN}")
+    wait_for(browser, "main h1", RUN)
+
+    assert browser.title != "owned"
+    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "pre.reply").text
+    assert browser.find_elements(By.CSS_SELECTOR, "main script, main img") == []

@@ -1,0 +1,140 @@
+"""Another local user cannot make this user's agent carry on a run they forged (issue 22).
+
+Run with two real users: the test (root in CI) is the victim, and a throwaway user
+made with ``useradd`` for the test (removed after it, as the Postgres tests make and
+remove a cluster) is the attacker, acting through ``runuser``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durably.cli import EXIT
+
+M1 = "m1-done-after-delete"
+ENV = {**os.environ, "COLUMNS": "200"}
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
+    reason="needs root with useradd and runuser to make a second user (CI has them)",
+)
+
+
+@pytest.fixture
+def mallory() -> Iterator[str]:
+    """A throwaway local user, removed afterwards."""
+    name = f"durably-t{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+    )
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every user may create files in, as /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="durably-shared-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(user: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell script as ``user``."""
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def durably(*args: str | Path, umask: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the durably command as this (the victim's) user."""
+    return subprocess.run(
+        [sys.executable, "-m", "durably", *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+        check=False,
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
+    )
+
+
+@pytest.mark.slow
+def test_a_forged_checkpoint_from_another_user_is_refused(mallory: str, shared: Path) -> None:
+    """Under umask 000 durably still makes its directories 0700, so another user cannot plant a
+    checkpoint in them; one planted in directories that user owns, or a checkpoint file that
+    user owns, is refused naming the path, the owner and the mode, and nothing runs."""
+    mine = shared / "mine"
+    crashed = durably(
+        "triage",
+        "--task",
+        M1,
+        "--state",
+        mine,
+        "--approve",
+        "off",
+        "--die-after",
+        "code_patch",
+        umask=0,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    (checkpoint,) = (mine / "runs").glob("*.json")
+    run = checkpoint.stem
+    made = [mine, mine / "runs", mine / "worlds", mine / "worlds" / run]
+    assert {d.name: stat.S_IMODE(d.stat().st_mode) for d in made} == {d.name: 0o700 for d in made}
+    planted = as_user(mallory, f"echo forged > {mine / 'runs' / 'x.json'}")
+    assert planted.returncode != 0
+    assert "Permission denied" in planted.stderr
+
+    # The attacker lays out a state directory of their own, 0777, with a forged checkpoint.
+    forged = shared / "forged.json"
+    shutil.copy(checkpoint, forged)
+    forged.chmod(0o644)
+    theirs = shared / "theirs"
+    laid_out = as_user(
+        mallory,
+        f"mkdir -m 777 {theirs} {theirs / 'runs'} && cp {forged} {theirs / 'runs'}/{run}.json"
+        f" && chmod 666 {theirs / 'runs'}/{run}.json",
+    )
+    assert laid_out.returncode == 0, laid_out.stderr
+    for command in (
+        ["triage", "--task", M1, "--run", run, "--approve", "off"],
+        ["show", run],
+        ["runs"],
+    ):
+        result = durably(*command, "--state", theirs)
+        assert result.returncode == EXIT["failed"], result.stdout + result.stderr
+        assert f"refusing to use {theirs}" in result.stderr
+        assert f"({mallory}) with mode 0777" in result.stderr
+    assert sorted(p.name for p in theirs.iterdir()) == ["runs"]  # no world, nothing ran
+
+    # A checkpoint file the attacker owns, in directories that are the victim's own.
+    shutil.chown(checkpoint, user=mallory)
+    before = checkpoint.read_bytes()
+    resumed = durably("triage", "--task", M1, "--state", mine, "--approve", "off")
+    assert resumed.returncode == EXIT["failed"], resumed.stdout + resumed.stderr
+    assert f"refusing to use {checkpoint}: it is owned by uid" in resumed.stderr
+    assert f"({mallory}) with mode 0600" in resumed.stderr
+    assert "checks passed" not in resumed.stdout
+    assert checkpoint.read_bytes() == before
