@@ -299,3 +299,45 @@ def test_the_answer_words_on_the_command_line_are_the_ones_decisions_accepts() -
     answer = subcommands.choices["answer"]  # type: ignore[index]
     choices = next(a.choices for a in answer._actions if a.dest == "answer")
     assert tuple(choices) == WORDS
+
+
+def test_acting_on_an_answer_is_not_a_restart_but_a_crash_after_it_is(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """The open that takes a person's answer counts no restart; a SIGKILL after it does."""
+    answered = run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/")
+    assert answered.returncode == 0, answered.stderr
+    store = FileStore(tmp_path / "runs")
+    assert store.read_sync(paused_refund).answered_at is not None
+
+    AGENT = "refund_agent:agent"  # noqa: N806
+    killer = (
+        "import sys\n"
+        "from durably import faults\n"
+        "from durably.cli import main\n"
+        "with faults.installed(faults.CrashPlan(label='loop.saved.answer_taken')):\n"
+        "    main(sys.argv[1:])\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(EXAMPLES)}
+    environment.pop("DURABLY_DSN", None)
+    killed = subprocess.run(
+        [sys.executable, "-c", killer, "resume", paused_refund, "runs/", "--agent", AGENT],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -9, killed.stderr
+    taken = store.read_sync(paused_refund)
+    assert (taken.answered_at, taken.resumes) == (None, 0)
+
+    resumed = in_a_process(
+        tmp_path, "resume", paused_refund, "runs/", "--agent", "refund_agent:agent"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    done = store.read_sync(paused_refund)
+    assert (done.phase, done.resumes) == ("done", 1)
+    ledger = (tmp_path / "refunds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["order"] for line in ledger] == ["1042"]

@@ -128,6 +128,7 @@ FIELDS[RunState] = {
     "model_call": st.none() | st.builds(ModelCall, **FIELDS[ModelCall]),
     "turns": counts,
     "resumes": counts,
+    "answered_at": st.none() | moments,
     "pending": st.dictionaries(text, st.builds(Approval, **FIELDS[Approval]), max_size=2),
     "decisions": st.dictionaries(text, st.builds(Decision, **FIELDS[Decision]), max_size=2),
     "markers": st.dictionaries(text, st.builds(AttemptMarker, **FIELDS[AttemptMarker]), max_size=2),

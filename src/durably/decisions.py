@@ -172,6 +172,7 @@ def record_answer(state: RunState, *, call_id: str, decision: Answer, now: datet
         )
         state.markers.pop(call_id, None)
     state.pending.pop(call_id, None)
+    state.answered_at = now
     if not state.unanswered():
         state.phase = Phase.MODEL
         state.decisions.clear()

@@ -484,6 +484,14 @@ class _Driver:
         if state.phase is Phase.PAUSED:
             self.emit("resumed", phase=str(state.phase), turns=state.turns, resumes=state.resumes)
             return
+        if state.answered_at is not None:
+            # A person answered since the last run (the answer moved the phase on so a
+            # worker can claim it): acting on it is not a restart either. The flag is
+            # cleared and saved now, so a crash after this open counts as one.
+            state.answered_at = None
+            await self.save("answer_taken")
+            self.emit("resumed", phase=str(state.phase), turns=state.turns, resumes=state.resumes)
+            return
         last_stop = _last_stop(state)
         lost = state.model_call
         if lost is not None:

@@ -275,6 +275,9 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Model replies saved so far."""
     resumes: int = 0
     """Times the run was opened for resume."""
+    answered_at: datetime | None = None
+    """When a person's answer was saved outside the loop (``durably answer``, the console);
+    the next open acts on it and is not a restart. Cleared, and saved, by that open."""
     pending: dict[str, Approval] = {}
     """Calls waiting for a person, by call ID."""
     decisions: dict[str, Decision] = {}
