@@ -293,14 +293,13 @@ class Index:
         return out
 
 
-def replay(data: bytes, *, path: str) -> tuple[Index, int]:
-    """The index a log's valid records build, and the length of those records.
+def records(data: bytes, *, path: str) -> Iterator[tuple[Record, int]]:
+    """The log's valid records, each with the offset just after it.
 
     A record that is short or fails its checksum with no valid record after it is
     a torn tail (never acknowledged) and ends the log; with a valid record after
     it, the log is ``CheckpointCorrupt``.
     """
-    index = Index()
     offset = 0
     while offset < len(data):
         framed = _unframe(data, offset)
@@ -309,15 +308,24 @@ def replay(data: bytes, *, path: str) -> tuple[Index, int]:
                 raise CheckpointCorrupt(
                     path=path, reason=f"a damaged record at byte {offset} with records after it"
                 )
-            return index, offset
+            return
         payload, end = framed
         try:
             record = _decoder.decode(payload)
         except msgspec.DecodeError as exc:
             raise CheckpointCorrupt(path=path, reason=f"record at byte {offset}: {exc}") from exc
-        index.apply(record, path=path)
+        yield record, end
         offset = end
-    return index, offset
+
+
+def replay(data: bytes, *, path: str) -> tuple[Index, int]:
+    """The index a log's valid records build, and the length of those records."""
+    index = Index()
+    valid = 0
+    for record, end in records(data, path=path):
+        index.apply(record, path=path)
+        valid = end
+    return index, valid
 
 
 # -- the store and its handles -----------------------------------------------------------
