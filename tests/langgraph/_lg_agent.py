@@ -10,6 +10,7 @@ Every reply but the last calls the ``lookup`` tool, whose result is about
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -40,6 +41,10 @@ class ScriptedChatModel(FakeMessagesListChatModel):
 @tool
 def lookup(n: int) -> str:
     """Look up record ``n``."""
+    effects = os.environ.get("LG_EFFECTS")
+    if effects:  # the crash tests count how often a tool really ran
+        with open(effects, "a") as log:
+            log.write(f"{n}\n")
     return f"record {n}: " + "abcdefghij" * (RESULT_BYTES // 10)
 
 
