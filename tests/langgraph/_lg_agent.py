@@ -5,12 +5,15 @@ the conversation (the Nth reply is the one after N-1 earlier replies) rather
 than by a counter in the process, so a restarted process gets the same reply
 for the same turn, as a real model asked the same question would be expected to.
 Every reply but the last calls the ``lookup`` tool, whose result is about
-``result_bytes`` long: the ``messages`` channel grows by two messages per round.
+``RESULT_BYTES`` of seeded random letters (text that does not compress better than
+prose would): the ``messages`` channel grows by two messages per round.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import string
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -45,7 +48,8 @@ def lookup(n: int) -> str:
     if effects:  # the crash tests count how often a tool really ran
         with open(effects, "a") as log:
             log.write(f"{n}\n")
-    return f"record {n}: " + "abcdefghij" * (RESULT_BYTES // 10)
+    words = random.Random(n).choices(string.ascii_lowercase, k=RESULT_BYTES)
+    return f"record {n}: " + "".join(words)
 
 
 def script(rounds: int) -> list[BaseMessage]:
