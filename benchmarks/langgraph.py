@@ -19,6 +19,9 @@ its client only sends the rows.
   docs do, WAL (SqliteSaver sets it) and ``synchronous=FULL`` (a commit syncs the WAL).
 - PostgresSaver: ``PostgresSaver.from_conn_string(dsn)`` on a throwaway cluster
   (``tests/stores/_pg_cluster.py``, ``fsync=on``) over TCP loopback, or ``--dsn``.
+- append floor: what the disk alone costs for DurablySaver's writes: after each
+  of its turns, each of its calls is replayed as one bare append of the same size
+  and one ``fdatasync``.
 
 Run: ``.venv/bin/python benchmarks/langgraph.py [--rounds 100] [--dsn DSN] [--no-postgres]``.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import sqlite3
 import statistics
@@ -105,6 +109,35 @@ class Timed:
         return out
 
 
+class Floor:
+    """The disk's floor: DurablySaver's writes as bare appends and fdatasyncs, nothing else.
+
+    After each of DurablySaver's turns, its new calls are replayed here (one
+    append and one ``fdatasync`` per call, of the same size) and timed the same way.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.calls: list[tuple[str, float, int]] = []
+        self.in_flight = 0
+        self.seen = 0
+
+    def follow(self, durable: Timed) -> None:
+        """Replay the calls DurablySaver made since the last time."""
+        for kind, _, count in durable.calls[self.seen :]:
+            data = b"\0" * count
+            start = time.perf_counter()
+            os.write(self.fd, data)
+            os.fdatasync(self.fd)
+            self.calls.append((kind, time.perf_counter() - start, count))
+        self.seen = len(durable.calls)
+
+    steps = Timed.steps
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def timed(cls: type) -> type:
     """A subclass of a saver class with :class:`Timed` mixed in."""
     return type(f"Timed{cls.__name__}", (Timed, cls), {})
@@ -115,7 +148,7 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def drive(savers: dict[str, Any], rounds: int) -> None:
+def drive(savers: dict[str, Any], rounds: int, floor: Floor) -> None:
     """Run the agent once per saver, one superstep at a time, rotating who goes first."""
     streams: dict[str, Iterator[Any]] = {}
     for name, saver in savers.items():
@@ -135,6 +168,8 @@ def drive(savers: dict[str, Any], rounds: int) -> None:
                 del streams[name]
             while savers[name].in_flight:  # a put still running in LangGraph's thread
                 time.sleep(0.0002)
+            if name == "DurablySaver":
+                floor.follow(savers[name])
         turn += 1
         order = [name for name in order if name in streams] or order
 
@@ -176,14 +211,17 @@ def main() -> None:
             savers["PostgresSaver"] = postgres
             with postgres.conn.cursor() as cur:
                 wal_start = _wal_lsn(cur)
+        floor = Floor(base / "floor.log")
         started = time.perf_counter()
-        drive(savers, args.rounds)
+        drive(savers, args.rounds, floor)
         wall = time.perf_counter() - started
+        floor.close()
+        savers["append floor"] = floor
         rows: dict[str, dict[str, Any]] = {}
         for name, saver in savers.items():
             steps = saver.steps()
             latencies = [s for s, _ in steps]
-            puts = [e for kind, e, _ in saver.calls if kind == "put"]
+            puts = [e for kind, e, _ in saver.calls if kind == "put"] or [0.0]
             rows[name] = {
                 "steps": len(steps),
                 "median_ms": statistics.median(latencies) * 1e3,
@@ -253,9 +291,13 @@ def report(
         )
     if "PostgresSaver" in rows:
         print(
-            "PostgresSaver bytes: WAL generated on the server; the client sent "
-            f"{rows['PostgresSaver']['client_bytes']:,} bytes through write()"
+            "PostgresSaver bytes: the WAL the server generated (its client sends with "
+            f"send(), which wchar does not count: {rows['PostgresSaver']['client_bytes']:,})"
         )
+    print(
+        "append floor: DurablySaver's calls replayed as bare appends of the same sizes, "
+        "one fdatasync each, right after each of its turns"
+    )
     print()
     durable, sqlite = rows["DurablySaver"], rows["SqliteSaver"]
     ratios = {
@@ -269,6 +311,13 @@ def report(
         print(
             f"DurablySaver / SqliteSaver {key:<6}: {ratio:7.3f}x (target <= {target}x: {verdict})"
         )
+    floor = rows["append floor"]
+    print(
+        f"DurablySaver / append floor median {durable['median_ms'] / floor['median_ms']:.3f}x, "
+        f"p99 {durable['p99_ms'] / floor['p99_ms']:.3f}x; "
+        f"append floor / SqliteSaver median {floor['median_ms'] / sqlite['median_ms']:.3f}x, "
+        f"p99 {floor['p99_ms'] / sqlite['p99_ms']:.3f}x"
+    )
     if "PostgresSaver" in rows:
         pg = rows["PostgresSaver"]
         median = durable["median_ms"] / pg["median_ms"]

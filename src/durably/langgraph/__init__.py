@@ -12,6 +12,13 @@ checkpointer goes::
 What it guarantees and what it does not is in ``docs/langgraph.md``.
 """
 
+try:
+    import langgraph.checkpoint.base  # noqa: F401 - only to say what is missing
+except ImportError as exc:  # pragma: no cover - the dev extra installs LangGraph
+    raise ImportError(
+        "durably.langgraph needs LangGraph; install it with: pip install 'durably[langgraph]'"
+    ) from exc
+
 from ._saver import PRUNE_STRATEGIES as PRUNE_STRATEGIES
 from ._saver import DurablySaver as DurablySaver
 from ._thread import ThreadLocked as ThreadLocked
