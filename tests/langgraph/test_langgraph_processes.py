@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,55 @@ def test_sigkill_at_every_crash_point_and_at_random_instants_then_resume(
         f"resumes {dict(outcomes)}; tool calls run again by LangGraph: {rerun_tools}"
     )
     assert killed_at_random >= instants // 3, "most random kills landed inside the run"
+
+
+@pytest.mark.slow
+def test_a_resume_killed_at_any_of_its_crash_points_resumes_again_to_the_same_end(
+    lg_server: Server, tmp_path: Path
+) -> None:
+    """Killed again at any crash point of its resume, a run resumed once more ends the same."""
+    reference = lg_server.ask(
+        cmd="run", dir=str(tmp_path / "ref"), thread="t", rounds=ROUNDS, effects=""
+    )["result"]
+    points = reference["reached"]
+    firsts = [
+        points.index("langgraph.rewrite.log_synced") + 1,  # the thread's log made, no header yet
+        points.index("langgraph.writes.saved") + 1,  # the first task's writes saved
+        len(points) - points[::-1].index("store.append.written"),  # the last put written
+    ]
+    second_kills = 0
+    for first in firsts:
+        template = tmp_path / f"first-{first}"
+        template.mkdir()
+        crashed = lg_server.ask(
+            cmd="run",
+            dir=str(template / "threads"),
+            thread="t",
+            rounds=ROUNDS,
+            effects="",
+            at=first,
+        )
+        assert crashed["killed"]
+        for second in range(1, 200):
+            where = tmp_path / f"first-{first}-second-{second}"
+            shutil.copytree(template, where)
+            common = {"dir": str(where / "threads"), "thread": "t", "rounds": ROUNDS}
+            effects = str(where / "fx")
+            again = lg_server.ask(cmd="resume", **common, effects=effects, at=second)
+            if not again["killed"]:
+                assert again["result"]["summary"] == reference["summary"]
+                break
+            second_kills += 1
+            final = lg_server.ask(cmd="resume", **common, effects=effects)["result"]
+            assert "error" not in final, final
+            assert final["summary"] == reference["summary"], f"first kill {first}, then {second}"
+            assert final["next"] == []
+            if (where / "fx").exists():
+                runs = (where / "fx").read_text().split()
+                assert len(runs) <= ROUNDS + 1, "two kills re-run at most two tool calls"
+        else:
+            pytest.fail("the resume never finished")
+    print(
+        f"\n{len(firsts)} first kills, {second_kills} second kills in the resume: all ended alike"
+    )
+    assert second_kills >= 20
