@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from conftest import Server
+from _lg_server import Server
 
 ROUNDS = 2
 
