@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _lg_agent import build, question, summary
 
 from durably import CheckpointCorrupt
 from durably.langgraph import DurablySaver, ThreadLocked
@@ -98,3 +100,20 @@ def test_any_thread_id_gets_its_own_files_and_lists_back(tmp_path: Path, thread:
         assert listed == {thread, "plain"}
     assert (tmp_path / f"{thread_key(thread)}.json").exists()
     assert thread_key(thread).startswith("x.")
+
+
+def test_an_async_graph_saves_what_a_sync_saver_reads_back(tmp_path: Path) -> None:
+    """ainvoke saves through the async methods; a sync saver on the same files reads the run."""
+
+    config: Any = {"configurable": {"thread_id": "async"}, "recursion_limit": 100}
+
+    async def run() -> Any:
+        async with DurablySaver(tmp_path) as saver:
+            return await build(saver, rounds=3).ainvoke(question(), config, durability="sync")
+
+    final = asyncio.run(run())
+    with DurablySaver(tmp_path) as saver:
+        snapshot = build(saver, rounds=3).get_state(config)
+    assert summary(snapshot.values["messages"]) == summary(final["messages"])
+    assert len(final["messages"]) == 8
+    assert snapshot.next == ()
