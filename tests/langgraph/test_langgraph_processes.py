@@ -77,13 +77,17 @@ def test_sigkill_at_every_crash_point_and_at_random_instants_then_resume(
         assert len(lookups) - ROUNDS <= 1, "at most the interrupted tool runs again"
         rerun_tools += len(lookups) - ROUNDS
 
+    # Random instants: the run's length varies with the machine's load, so draw
+    # instants until `instants` of them landed inside a run (a kill after the run
+    # ended proves nothing), with a bound on the draws.
     rng = random.Random(20)
     instants = 12
-    killed_at_random = 0
-    for n in range(instants):
-        where = tmp_path / f"random-{n}"
+    killed_at_random = draws = 0
+    while killed_at_random < instants and draws < 4 * instants:
+        where = tmp_path / f"random-{draws}"
+        draws += 1
         where.mkdir()
-        delay = rng.uniform(0, reference["seconds"] * 1.2)
+        delay = rng.uniform(0, reference["seconds"])
         crashed, resumed = _crash_then_resume(
             lg_server, where / "threads", where / "fx", kill_after=delay
         )
@@ -97,10 +101,13 @@ def test_sigkill_at_every_crash_point_and_at_random_instants_then_resume(
 
     print(
         f"\n{len(points)} crash points ({dict(labels)}), {instants} random instants "
-        f"({killed_at_random} killed mid-run): every resumed run ended as the uncrashed one; "
+        f"({killed_at_random} of {draws} draws killed mid-run): "
+        "every resumed run ended as the uncrashed one; "
         f"resumes {dict(outcomes)}; tool calls run again by LangGraph: {rerun_tools}"
     )
-    assert killed_at_random >= instants // 3, "most random kills landed inside the run"
+    assert killed_at_random >= instants // 2, (
+        f"only {killed_at_random} of {draws} draws landed mid-run"
+    )
 
 
 @pytest.mark.slow

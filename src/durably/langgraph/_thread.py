@@ -49,10 +49,10 @@ from ..errors import CheckpointCorrupt, Locked, SaveFailed
 from ..stores.journal import (
     JournalRun,
     JournalStore,
+    _damage_after,
     _frame,
     _log_name,
     _unframe,
-    _valid_record_after,
 )
 
 __all__ = ["ThreadLocked", "thread_key"]
@@ -304,10 +304,9 @@ def records(data: bytes, *, path: str) -> Iterator[tuple[Record, int]]:
     while offset < len(data):
         framed = _unframe(data, offset)
         if framed is None:
-            if _valid_record_after(data, offset + 1):
-                raise CheckpointCorrupt(
-                    path=path, reason=f"a damaged record at byte {offset} with records after it"
-                )
+            damage = _damage_after(data, offset)
+            if damage is not None:
+                raise CheckpointCorrupt(path=path, reason=damage)
             return
         payload, end = framed
         try:
@@ -367,7 +366,7 @@ class ThreadStore(JournalStore):
                 self._remove_stale_logs(key, -1, dir_fd)
                 return handle
             name = _log_name(key, header.generation)
-            data = self._read_log(name, dir_fd)
+            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
             index, valid = replay(data, path=self._path(name))
             if valid < len(data):
                 handle._cut_tail(name, valid)
@@ -387,7 +386,7 @@ class ThreadStore(JournalStore):
             if header is None:
                 return None
             name = _log_name(key, header.generation)
-            data = self._read_log(name, dir_fd)
+            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
             again = self._read_header(key, thread_id, dir_fd)
             if again is not None and again.generation == header.generation:
                 return replay(data, path=self._path(name))[0]
@@ -453,6 +452,40 @@ class ThreadLog(JournalRun):
         self.index = index
         self._generation, self._log_size = generation, log_size
         self.exists = True
+
+    def _append(self, record: bytes) -> None:
+        """Append to this generation's log, creating it with its first record.
+
+        A run's journal log is made by compaction with a header record (and its
+        generation checked against the snapshot's); a thread's log is made by its
+        first append, and its header file names the generation, so this keeps the
+        thread's own protocol rather than the run journal's.
+        """
+        store, fs = self._journal, self._journal.fs
+        name = _log_name(self._run_id, self._generation)
+        dir_fd = store._directory_fd()
+        new_log = self._log_fd is None and self._log_size == 0
+        if self._log_fd is None:
+            flags = os.O_WRONLY | _NOFOLLOW | (os.O_CREAT | os.O_EXCL if new_log else 0)
+            try:
+                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            except Exception:
+                if not new_log:
+                    raise
+                # A log of this generation left by a process that died before its first
+                # append was flushed holds nothing that was ever acknowledged.
+                fs.unlink(name, dir_fd=dir_fd)
+                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            fs.seek_end(self._log_fd)
+        fd = self._log_fd
+        self._step(lambda: fs.write(fd, record), name)
+        faults.point("store.append.written")
+        if store.sync:
+            self._step(lambda: fs.datasync(fd), name, fatal=True)
+            if new_log:  # the log's directory entry must survive with its first record
+                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+        self._log_size += len(record)
+        faults.point("store.append.synced")
 
     def append(self, record: Record) -> None:
         """Make one record durable at the end of the log, then apply it to the index."""
