@@ -281,6 +281,26 @@ class PowerLossFS(FileSystem):
             return
         self._new_entry("mkdir", parent, os.path.basename(path))
 
+    def open_dir_at(self, name: str, *, dir_fd: int) -> int:
+        """Open a directory inside a directory descriptor, remembering its inode."""
+        parent = self._fds.get(dir_fd)
+        ino = self._live.directory(parent).live.get(name) if parent is not None else None
+        fd = super().open_dir_at(name, dir_fd=dir_fd)
+        if ino is not None:
+            self._fds[fd] = ino
+        path = self._child(parent, name) if parent is not None else name
+        self._record(Op(kind="open_dir", path=path, ino=ino))
+        return fd
+
+    def mkdir_at(self, name: str, mode: int, *, dir_fd: int) -> None:
+        """Create a directory inside a directory descriptor: unsynced until its parent is."""
+        parent = self._fds.get(dir_fd)
+        super().mkdir_at(name, mode, dir_fd=dir_fd)
+        if parent is None:
+            self._record(Op(kind="mkdir", path=name))
+            return
+        self._new_entry("mkdir", parent, name)
+
     def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
         """Open a file; a creation is an unsynced entry, ``O_TRUNC`` an unsynced truncation."""
         parent = self._fds.get(dir_fd)

@@ -21,7 +21,12 @@ and comments for the key each write carried, which the tracker records with
 the write in one transaction: a certain answer either way.
 
 Every patch applied is appended to the world's ``patches.jsonl`` (the patch
-tool's receiver is the file system; this is its audit trail).
+tool's receiver is the file system; this is its audit trail). The ledger is
+part of the patch's effect, and a kill can fall between the file's rename and
+the ledger's line: so the patch's lookup, when it finds the file already
+patched, also settles the ledger (adds the line for that call's key if it is
+missing), and a line is never added twice for one key. The ladder's verdict and
+the ledger can then never disagree (``docs/agent-authors.md``, "Ledgers").
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import msgspec
 
+from .._sysio import append_line
 from ..state import Effect
 from ..tools import NOT_FOUND, UNKNOWN, Found, Lookup, Tool, ToolContext, tool
 from ..workspace import Workspace, sha256_bytes
@@ -141,6 +147,9 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
         intended = ctx.intended.get(path)
         current = _workspace(ctx).read_text(path)
         if intended is not None and sha256_bytes(current) == intended:
+            # Killed between the rename and the ledger line: the effect happened, so
+            # the ledger must say so before the ladder records it as done.
+            _record_patch(world, path=path, key=ctx.idempotency_key)
             return Found(f"patched {path} (the file already has the intended content)")
         if (
             intended is not None
@@ -202,9 +211,11 @@ def patches_log(world: World) -> Path:
 
 
 def _record_patch(world: World, *, path: str, key: str) -> None:
+    """Add the ledger line for the patch made under ``key``, unless it is there already."""
+    if any(entry.get("key") == key for entry in applied_patches(world)):
+        return
     line = json.dumps({"path": path, "key": key}) + "\n"
-    with patches_log(world).open("a") as out:
-        out.write(line)
+    append_line(patches_log(world), line.encode())
 
 
 def applied_patches(world: World) -> list[dict[str, str]]:
