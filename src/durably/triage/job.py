@@ -34,10 +34,14 @@ class TriageJob:
 
     Args:
         task: the task's name.
+        sync: fsync workspace writes and the tracker's commits, as the triage command
+            does (the system-call sweep kills at those fsyncs too); off by default,
+            since killing a process loses nothing a sync would have kept.
     """
 
-    def __init__(self, task: str = "m1-done-after-delete") -> None:
+    def __init__(self, task: str = "m1-done-after-delete", *, sync: bool = False) -> None:
         self._task = load_task(task)
+        self.sync = sync
         self.name = f"triage {task}"
         self._file_digests: dict[tuple[str, int, int, int], str] = {}
         self._readers: dict[tuple[int, str], sqlite3.Connection] = {}
@@ -73,7 +77,7 @@ class TriageJob:
             approver=approver,
             model=replay_model(triage_world, fickle=config.fickle),
             options=ToolOptions(honour_keys=config.honour_keys),
-            sync=False,
+            sync=self.sync,
         )
         agent.tools = {t.name: t for t in config.adapt(list(agent.tools.values()))}
         return agent
