@@ -469,8 +469,13 @@ def _run_group(
             return outcome
         groups, unreachable = parse_trace(log.read_text()).kills(window=True)
         outcome.unreachable += unreachable
-        heads = _heads(
-            _sampled(groups, settings.sample), settings.merge, outcome.kinds, group.store, 2
+        heads = _plan(
+            groups,
+            sample=settings.sample,
+            merge=settings.merge,
+            kinds=outcome.kinds,
+            store=group.store,
+            depth=2,
         )
         for head, calls in heads:
             spec = core._Spec(
@@ -496,21 +501,42 @@ def _run_group(
     return outcome
 
 
-def _sampled(groups: list[list[Call]], sample: int | None) -> list[list[Call]]:
-    """All groups, or per kind of their first call at most ``sample`` spread evenly."""
+def _plan(
+    groups: list[list[Call]],
+    *,
+    sample: int | None,
+    merge: bool,
+    kinds: Counter[tuple[str, int, str, str]],
+    store: str,
+    depth: int,
+) -> list[tuple[Call, list[Call]]]:
+    """The kills to make: (the call killed at, the kill points it stands for).
+
+    Every group when ``sample`` is None (see :func:`_heads`). With a sample, for
+    each call kind at most ``sample`` groups holding a call of that kind,
+    spread evenly over the run, each killed at its first call of that kind:
+    every kind the run makes gets real kills.
+    """
     if sample is None:
-        return groups
-    by_kind: dict[str, list[int]] = {}
-    for i, calls in enumerate(groups):
-        by_kind.setdefault(calls[0].kind, []).append(i)
-    chosen: set[int] = set()
-    for indices in by_kind.values():
-        if len(indices) <= sample:
-            chosen.update(indices)
+        return _heads(groups, merge, kinds, store, depth)
+    chosen: list[tuple[Call, list[Call]]] = []
+    counted: set[int] = set()
+    for kind in KINDS:
+        holding = [g for g in groups if any(c.kind == kind for c in g)]
+        if not holding:
             continue
-        step = (len(indices) - 1) / max(1, sample - 1)
-        chosen.update(indices[round(k * step)] for k in range(sample))
-    return [groups[i] for i in sorted(chosen)]
+        step = (len(holding) - 1) / max(1, sample - 1)
+        picks = sorted({round(k * step) for k in range(min(sample, len(holding)))})
+        for pick in picks:
+            calls = holding[pick]
+            head = next(c for c in calls if c.kind == kind)
+            if id(calls) not in counted:
+                counted.add(id(calls))
+                for call in calls:
+                    kinds[(store, depth, call.kind, "points")] += 1
+            kinds[(store, depth, kind, "kills")] += 1
+            chosen.append((head, calls if merge else [head]))
+    return chosen
 
 
 # -- the report ----------------------------------------------------------------------
@@ -652,7 +678,9 @@ def run_syscall_sweep(
             groups, unreachable[name] = trace.kills()
             planned = [
                 (_Group(name, head.kind, head.index, len(calls), depth), reference)
-                for head, calls in _heads(_sampled(groups, sample), merge, kinds, name, 1)
+                for head, calls in _plan(
+                    groups, sample=sample, merge=merge, kinds=kinds, store=name, depth=1
+                )
             ]
             total = done + len(planned)
             for outcome in run_all(planned):

@@ -22,7 +22,7 @@ from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
 from .world import World, load_task
 
-__all__ = ["TriageJob"]
+__all__ = ["TriageJob", "world_effects"]
 
 # The sweep counts re-asked replies itself, telling a lost reply (asked again, as it
 # must be) from a saved one paid twice; the check's plain count cannot tell them apart.
@@ -88,19 +88,7 @@ class TriageJob:
 
     def effects(self, world: SweepWorld) -> Counter[str]:
         """Issues by cause, comments by issue and text, patches by file."""
-        triage_world = self._world(world)
-        tracker = triage_world.tracker(sync=False)
-        causes = {issue.number: issue.cause for issue in tracker.issues()}
-        bodies = {comment.id: comment.body for comment in tracker.comments()}
-        found: Counter[str] = Counter()
-        for effect in tracker.effects():
-            if effect.kind == "issue":
-                found[f"issue {causes.get(effect.target, effect.target)}"] += 1
-            else:
-                found[f"comment #{effect.target} {bodies.get(effect.id, '')[:40]}"] += 1
-        for patch in applied_patches(triage_world):
-            found[f"patch {patch['path']}"] += 1
-        return found
+        return world_effects(self._world(world))
 
     def oracle(self, world: SweepWorld, request: ResolveRequest) -> Rerun | Done:
         """What a person finds by looking at the tracker and the files."""
@@ -169,6 +157,23 @@ class TriageJob:
             self._readers[key] = connection
         (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
         return int(count)
+
+
+def world_effects(triage_world: World) -> Counter[str]:
+    """Every effect the receivers of a world performed: issues by cause, comments by issue
+    and text, patches by file (from the patch ledger)."""
+    tracker = triage_world.tracker(sync=False)
+    causes = {issue.number: issue.cause for issue in tracker.issues()}
+    bodies = {comment.id: comment.body for comment in tracker.comments()}
+    found: Counter[str] = Counter()
+    for effect in tracker.effects():
+        if effect.kind == "issue":
+            found[f"issue {causes.get(effect.target, effect.target)}"] += 1
+        else:
+            found[f"comment #{effect.target} {bodies.get(effect.id, '')[:40]}"] += 1
+    for patch in applied_patches(triage_world):
+        found[f"patch {patch['path']}"] += 1
+    return found
 
 
 def _run_files(store_dir: Path) -> list[Path]:
