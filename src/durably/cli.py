@@ -254,8 +254,10 @@ def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) ->
 
 
 def _mutant_caught(mutant: str) -> bool:
-    from .sweep.powerloss import check_lock_exclusion, check_protocol
+    from .sweep.powerloss import MUTANTS, check_lock_exclusion, check_protocol, check_workspace
 
+    if MUTANTS[mutant].caught_by == "check_workspace":
+        return bool(check_workspace(mutant=mutant))
     return bool(check_protocol(saves=3, mutant=mutant) or check_lock_exclusion(mutant=mutant))
 
 
