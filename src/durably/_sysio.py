@@ -26,6 +26,7 @@ __all__ = [
     "filesystem_type",
     "fsync_fd",
     "is_temp_name",
+    "read_file",
     "replace_file",
     "temp_name",
     "write_file",
@@ -264,6 +265,17 @@ def append_line(path: str | os.PathLike[str], line: bytes, *, mode: int = 0o600)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         FileSystem().write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """Read a regular file, never through a symlink (``ELOOP``) and never blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return FileSystem().read(fd)
     finally:
         os.close(fd)
 
