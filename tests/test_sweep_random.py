@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from durably.sweep.randomkill import RandomReport, RandomRun, run_random_sweep
@@ -60,3 +65,16 @@ def test_twenty_runs_killed_up_to_six_times_each_end_sixteen_of_sixteen() -> Non
     # Not vacuous: most runs were really killed, several more than once.
     assert sum(r.kills for r in report.runs) >= 30, report.text()
     assert sum(r.kills >= 2 for r in report.runs) >= 8, report.text()
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_random_sweep_with_any_seed(tmp_path: Path) -> None:
+    """``durably sweep --random RUNS --kills K --seed S`` prints one line per run and exits 0
+    when every run is clean."""
+    out = tmp_path / "random.json"
+    command = [sys.executable, "-m", "durably", "sweep", "--random", "2", "--kills", "2"]
+    command += ["--seed", "7", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2/2 runs clean" in done.stdout
+    assert json.loads(out.read_text())["seed"] == 7

@@ -219,6 +219,20 @@ def test_a_kill_before_the_patch_ledger_line_keeps_ledger_and_file_in_step(
 # -- the sweep ---------------------------------------------------------------------------
 
 
+@needs_strace
+@pytest.mark.slow
+def test_the_cli_sweeps_system_calls_and_prints_kills_per_kind(tmp_path: Path) -> None:
+    """``durably sweep --syscalls`` runs the sweep, prints the kills per call kind and writes
+    its table; exit 0 when clean."""
+    table = tmp_path / "table.txt"
+    command = [sys.executable, "-m", "durably", "sweep", "--syscalls", "--depth", "1"]
+    command += ["--sample", "1", "--stores", "journal", "--jobs", "2", "--text", str(table)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kill points / real kills per call kind" in done.stdout
+    assert table.read_text().startswith("system-call sweep (sample: at most 1 kills per call kind)")
+
+
 @pytest.fixture(scope="module")
 def sampled() -> SyscallReport:
     """The CI sample of the reference job's system-call sweep: both stores, depth 2."""
