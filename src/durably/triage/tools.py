@@ -25,8 +25,10 @@ tool's receiver is the file system; this is its audit trail). The ledger is
 part of the patch's effect, and a kill can fall between the file's rename and
 the ledger's line: so the patch's lookup, when it finds the file already
 patched, also settles the ledger (adds the line for that call's key if it is
-missing), and a line is never added twice for one key. The ladder's verdict and
-the ledger can then never disagree (``docs/agent-authors.md``, "Ledgers").
+missing). The tool itself records every patch it applies, even under a key
+already recorded: a ledger that hid a repeat would hide a duplicate. The
+ladder's verdict and the ledger can then never disagree
+(``docs/agent-authors.md``, "Ledgers").
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
         if intended is not None and sha256_bytes(current) == intended:
             # Killed between the rename and the ledger line: the effect happened, so
             # the ledger must say so before the ladder records it as done.
-            _record_patch(world, path=path, key=ctx.idempotency_key)
+            _record_patch(world, path=path, key=ctx.idempotency_key, unless_recorded=True)
             return Found(f"patched {path} (the file already has the intended content)")
         if (
             intended is not None
@@ -210,9 +212,9 @@ def patches_log(world: World) -> Path:
     return world.root / "patches.jsonl"
 
 
-def _record_patch(world: World, *, path: str, key: str) -> None:
-    """Add the ledger line for the patch made under ``key``, unless it is there already."""
-    if any(entry.get("key") == key for entry in applied_patches(world)):
+def _record_patch(world: World, *, path: str, key: str, unless_recorded: bool = False) -> None:
+    """Add the ledger line for a patch made under ``key`` (``unless_recorded``: if none is)."""
+    if unless_recorded and any(entry.get("key") == key for entry in applied_patches(world)):
         return
     line = json.dumps({"path": path, "key": key}) + "\n"
     append_line(patches_log(world), line.encode())
