@@ -87,6 +87,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import msgspec
@@ -96,7 +97,7 @@ from .._sysio import FileSystem
 from ..errors import Locked, RunNotFound
 from ..state import RunState, UserMessage
 from ..stores.file import FileRun, FileStore
-from ..workspace import Workspace, sha256_bytes
+from ..workspace import Workspace
 
 __all__ = [
     "MUTANTS",
@@ -858,23 +859,14 @@ def _open_recreating_lock(self: FileStore, run_id: str) -> tuple[FileRun, RunSta
     return _real_open_sync(self, run_id)
 
 
-def _workspace_write_unsynced(self: Workspace, path: str, data: bytes | str) -> str:
-    """``Workspace.write`` renaming its temp file into place without syncing it first."""
-    rel = self.normalize(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    with self._parent(rel, create=True) as (dir_fd, name):
-        temp = f".{name}.{os.urandom(8).hex()}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = self.fs.open(temp, flags, self.mode, dir_fd=dir_fd)
-        try:
-            self.fs.write(fd, payload)
-        finally:
-            self.fs.close(fd)
-        self.fs.rename(temp, name, dir_fd=dir_fd)
-        self.fs.fsync(dir_fd)
-    digest = sha256_bytes(payload)
-    self._written[rel] = digest
-    return digest
+_real_workspace_init = Workspace.__init__
+
+
+def _workspace_init_unsynced(
+    self: Workspace, root: str | os.PathLike[str], **options: Any
+) -> None:
+    """The real ``Workspace`` with its sync seam turned off: no file or directory is fsynced."""
+    _real_workspace_init(self, root, **{**options, "sync": False})
 
 
 def _save_mutant(name: str, flaw: str) -> Mutant:
@@ -897,9 +889,9 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             name="workspace-no-fsync",
-            flaw="a workspace file is renamed into place without an fsync",
+            flaw="the workspace's real write with its sync seam off: renamed into place unsynced",
             caught_by="check_workspace",
-            patches=((Workspace, "write", _workspace_write_unsynced),),
+            patches=((Workspace, "__init__", _workspace_init_unsynced),),
         ),
         Mutant(
             name="lock-deleted-on-release",
