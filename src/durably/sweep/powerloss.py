@@ -862,9 +862,7 @@ def _open_recreating_lock(self: FileStore, run_id: str) -> tuple[FileRun, RunSta
 _real_workspace_init = Workspace.__init__
 
 
-def _workspace_init_unsynced(
-    self: Workspace, root: str | os.PathLike[str], **options: Any
-) -> None:
+def _workspace_init_unsynced(self: Workspace, root: str | os.PathLike[str], **options: Any) -> None:
     """The real ``Workspace`` with its sync seam turned off: no file or directory is fsynced."""
     _real_workspace_init(self, root, **{**options, "sync": False})
 
