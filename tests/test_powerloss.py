@@ -15,6 +15,7 @@ All in ``test_each_seeded_mutant_is_caught``.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,10 +35,12 @@ from durably.sweep.powerloss import (
     Violation,
     check_lock_exclusion,
     check_protocol,
+    check_workspace,
     explore,
     numbered_state,
     seeded,
 )
+from durably.workspace import Workspace
 
 
 @pytest.fixture
@@ -120,6 +123,33 @@ def test_a_resumed_run_opens_even_when_directory_ops_reorder() -> None:
     assert check_protocol(saves=1, resume=True) == []
 
 
+def test_the_real_workspace_survives_every_power_cut() -> None:
+    """Workspace writes (one creating a directory) leave, on every legal disk after every power
+    cut, the last write that returned or the one in progress, and only temp files the next owner
+    removes."""
+    assert check_workspace() == []
+
+
+def test_workspace_writes_go_through_the_seam(tmp_path: Path) -> None:
+    """The power-loss model sees a workspace write's every step: temp create, write, file fsync,
+    rename, directory fsync (and the new directory's mkdir and its parent's fsync)."""
+    (tmp_path / "ws").mkdir()
+    fs = PowerLossFS(tmp_path)
+    Workspace(tmp_path / "ws", fs=fs).write("src/a.txt", "hello")
+    steps = [(op.kind, op.path) for op in fs.log if op.mutates]
+    temp = next(path for kind, path in steps if kind == "create")
+    assert re.fullmatch(r"ws/src/\.a\.txt\.[0-9a-f]{16}\.tmp", temp)
+    assert steps == [
+        ("mkdir", "ws/src"),
+        ("fsync", "ws"),
+        ("create", temp),
+        ("write", temp),
+        ("fsync", temp),
+        ("rename", temp),
+        ("fsync", "ws/src"),
+    ]
+
+
 def found_older_save(violation: Violation) -> bool:
     """True when a save older than the last returned one loaded (the textbook lost durability)."""
     return violation.found.startswith("save ") and violation.found not in violation.expected
@@ -134,6 +164,12 @@ MUTANT_CASES: list[
     ("unlink-then-rename", check_protocol, Kind.LOST, lambda v: v.found == "RunNotFound"),
     ("no-new-dir-sync", check_protocol, Kind.LOST, lambda v: v.found == "RunNotFound"),
     ("lock-deleted-on-release", check_lock_exclusion, Kind.TWO_OWNERS, lambda v: True),
+    (
+        "workspace-no-fsync",
+        check_workspace,
+        Kind.LOST,
+        lambda v: "write 1 returned" in v.where and "0 bytes" in v.found,
+    ),
 ]
 
 
@@ -147,7 +183,8 @@ def test_each_seeded_mutant_is_caught(
     evidence: Callable[[Violation], bool],
 ) -> None:
     """Each seeded mutant is caught by the check named beside it: check_protocol for the five
-    save-protocol flaws, check_lock_exclusion for the lock file deleted on release."""
+    save-protocol flaws, check_lock_exclusion for the lock file deleted on release,
+    check_workspace for a workspace write renamed into place unsynced."""
     assert MUTANTS[mutant].caught_by == check.__name__
     violations = check(mutant=mutant)
     assert any(v.kind == kind and evidence(v) for v in violations), violations[:5]

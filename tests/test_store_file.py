@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import durably
 from _helpers import CHILD
 from _helpers.samples import state_a, state_b, without_saved_at
+from durably import _sysio as sysio
 from durably._sysio import FileSystem
 from durably.keys import RUN_ID_PATTERN
 from durably.state import FORMAT, RunState
@@ -600,7 +601,7 @@ def test_a_symlink_at_the_temp_name_is_never_followed(
 ) -> None:
     """A symlink planted at the exact temp name a save picks is refused (O_EXCL|O_NOFOLLOW)."""
     handle = store.create_sync(state_a("r1"))
-    monkeypatch.setattr(file_store, "secrets", SimpleNamespace(token_hex=lambda n: "ab" * n))
+    monkeypatch.setattr(sysio, "secrets", SimpleNamespace(token_hex=lambda n: "ab" * n))
     target = victim(tmp_path)
     before = fingerprint(target)
     link = store.directory / f".r1.{'ab' * 8}.tmp"

@@ -141,11 +141,19 @@ def test_a_truncated_log_that_lost_an_acknowledged_save_is_corrupt(tmp_path: Pat
 
 
 def test_a_damaged_record_with_records_after_it_is_corrupt(tmp_path: Path) -> None:
-    """A bad checksum mid-log is CheckpointCorrupt, never skipped, and the file is untouched."""
+    """A bad checksum mid-log is CheckpointCorrupt, never skipped, and the file is untouched,
+    even with no watermark to compare the log with."""
     store, _, log = log_with_records(tmp_path, 3)
     data = bytearray(log.read_bytes())
-    data[20] ^= 0xFF  # inside the first record's payload
+    ends = [0]  # where each record ends: the log's header record, then the saves
+    while (framed := journal._unframe(bytes(data), ends[-1])) is not None:
+        ends.append(framed[1])
+    assert len(ends) >= 4, "a header and at least two saves"
+    data[ends[1] + 20] ^= 0xFF  # inside the first save's record, with saves after it
     log.write_bytes(bytes(data))
+    # Without the lock file's watermark (unsynced: a power cut can lose it), only the
+    # log's own framing can tell this damage from a torn tail.
+    (log.parent / "r1.lock").write_bytes(b"")
     with pytest.raises(durably.CheckpointCorrupt, match=r"r1\.1\.log"):
         store.open_sync("r1")
     assert log.read_bytes() == bytes(data)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import durably
+from durably._sysio import is_temp_name
 from durably.workspace import Workspace, sha256_bytes
 
 
@@ -221,3 +222,47 @@ def test_a_regular_file_in_the_way_of_a_directory_is_not_called_a_symlink(
     (workspace.root / "linked").symlink_to(workspace.root, target_is_directory=True)
     with pytest.raises(durably.UnsafePath, match="'linked' is a symlink"):
         workspace.write("linked/module.py", "x = 1")
+
+
+def test_remove_temp_files_removes_only_what_a_killed_write_leaves(workspace: Workspace) -> None:
+    """The next owner removes every ``.<name>.<16 hex>.tmp`` in any directory of the workspace,
+    and nothing else: not hidden files, not other names ending in .tmp."""
+    workspace.write("a/b/keep.py", "x")
+    root = workspace.root
+    (root / "a" / "b" / ".keep.py.0123456789abcdef.tmp").write_text("half")
+    (root / ".top.txt.fedcba9876543210.tmp").write_text("half")
+    kept = [root / ".hidden", root / "a" / "notes.tmp", root / "a" / ".x.0123456789ab.tmp"]
+    for path in kept:
+        path.write_text("mine")
+    removed = workspace.remove_temp_files()
+    assert sorted(removed) == [".top.txt.fedcba9876543210.tmp", "a/b/.keep.py.0123456789abcdef.tmp"]
+    assert all(path.exists() for path in kept)
+    assert workspace.read_text("a/b/keep.py") == "x"
+
+
+def test_remove_temp_files_does_not_follow_a_symlinked_directory(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """A symlink to a directory outside is not entered: its temp-like files stay."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / ".data.0123456789abcdef.tmp"
+    victim.write_text("not the workspace's")
+    (workspace.root / "link").symlink_to(outside, target_is_directory=True)
+    assert workspace.remove_temp_files() == []
+    assert victim.exists()
+
+
+def test_a_write_leaves_a_temp_the_owner_finds(workspace: Workspace) -> None:
+    """The temp a write creates is named as remove_temp_files looks for it (killed mid-write)."""
+    seen: list[str] = []
+    real = workspace.fs.open
+
+    def spy(name: str, flags: int, mode: int, *, dir_fd: int) -> int:
+        seen.append(name)
+        return real(name, flags, mode, dir_fd=dir_fd)
+
+    workspace.fs.open = spy  # type: ignore[method-assign]
+    workspace.write("f.txt", "data")
+    assert len(seen) == 1
+    assert is_temp_name(seen[0], "f.txt")

@@ -10,12 +10,35 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
+import re
+import secrets
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["FileSystem", "filesystem_type", "fsync_fd"]
+__all__ = [
+    "FileSystem",
+    "append_line",
+    "filesystem_type",
+    "fsync_fd",
+    "is_temp_name",
+    "read_file",
+    "replace_file",
+    "temp_name",
+    "write_file",
+]
+
+log = logging.getLogger("durably.io")
+
+_T = TypeVar("_T")
+_TEMP_HEX = 16
+"""Hex digits of randomness in a temp file's name (8 random bytes)."""
+TEMP_TAIL = 1 + _TEMP_HEX + 4
+"""Characters after a temp name's stem: ``.<16 hex>.tmp``."""
 
 _NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "fuse.sshfs"})
 
@@ -42,6 +65,15 @@ class FileSystem:
     def mkdir(self, path: str, mode: int) -> None:
         """Create one directory."""
         os.mkdir(path, mode)
+
+    def open_dir_at(self, name: str, *, dir_fd: int) -> int:
+        """Open the directory ``name`` inside ``dir_fd``, refusing a symlink (``ELOOP``)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, dir_fd=dir_fd)
+
+    def mkdir_at(self, name: str, mode: int, *, dir_fd: int) -> None:
+        """Create the directory ``name`` inside ``dir_fd``."""
+        os.mkdir(name, mode, dir_fd=dir_fd)
 
     def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
         """Open ``name`` inside ``dir_fd``; the caller adds ``O_NOFOLLOW``."""
@@ -116,6 +148,151 @@ class FileSystem:
                 return False
             raise
         return True
+
+
+def temp_name(stem: str) -> str:
+    """A fresh temp file name for replacing ``stem``: ``.<stem>.<16 hex>.tmp``.
+
+    The owner of ``stem`` finds its own leftovers with :func:`is_temp_name`, and
+    nothing else: the random part has a fixed length and alphabet, so the temp of
+    another name that merely starts with ``stem.`` (run ``a.b`` for run ``a``)
+    never matches.
+    """
+    return f".{stem}.{secrets.token_hex(_TEMP_HEX // 2)}.tmp"
+
+
+def is_temp_name(name: str, stem: str | None = None) -> bool:
+    """True when ``name`` is a temp file :func:`temp_name` made (for ``stem``, if given)."""
+    if stem is None:
+        return _ANY_TEMP.fullmatch(name) is not None
+    pattern = rf"\.{re.escape(stem)}\.[0-9a-f]{{{_TEMP_HEX}}}\.tmp"
+    return re.fullmatch(pattern, name) is not None
+
+
+_ANY_TEMP = re.compile(rf"\..+\.[0-9a-f]{{{_TEMP_HEX}}}\.tmp")
+
+
+def _no_point(label: str) -> None:
+    return None
+
+
+def replace_file(
+    fs: FileSystem,
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    mode: int,
+    sync: bool,
+    point: Callable[[str], None] = _no_point,
+    before_rename: Callable[[], None] | None = None,
+    on_error: Callable[[OSError, str, bool], Exception] | None = None,
+    directory: str = ".",
+    stem: str | None = None,
+) -> None:
+    """Replace ``name`` in ``dir_fd`` with ``data``, crash-atomically: the one way durably does it.
+
+    A temp file (:func:`temp_name`) is created beside it with ``O_CREAT|O_EXCL|
+    O_NOFOLLOW`` and ``mode``, written, fsynced, renamed over ``name``, and the
+    directory fsynced. At any instant the directory holds the old file or the new
+    one (and perhaps the temp, which the owner removes when it next opens). Every
+    call goes through ``fs``, so the power-loss model sees it.
+
+    Args:
+        fs: the system-call seam.
+        dir_fd: the directory, opened with :meth:`FileSystem.open_dir` or ``open_dir_at``.
+        name: the file's name in it.
+        data: the new content.
+        mode: the new file's permission bits.
+        sync: fsync the file and the directory; off only where power loss does not matter.
+        point: called with ``temp_written``, ``temp_synced``, ``renamed``, ``dir_synced``
+            (the store names its crash points by them).
+        before_rename: a last check before the rename (e.g. refuse a symlink at ``name``).
+        on_error: turns a failed call's ``OSError`` (and the name it was about, and
+            whether it was the directory's fsync, after which the directory
+            descriptor must not be trusted) into the exception to raise.
+        directory: the directory's name, for ``on_error``.
+        stem: the temp file's stem (default ``name``): the name its owner looks for.
+    """
+
+    def step(action: Callable[[], _T], about: str, *, fatal: bool = False) -> _T:
+        try:
+            return action()
+        except OSError as exc:
+            if on_error is None:
+                raise
+            raise on_error(exc, about, fatal) from exc
+
+    temp = temp_name(stem or name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = step(lambda: fs.open(temp, flags, mode, dir_fd=dir_fd), temp)
+    renamed = False
+    try:
+        try:
+            step(lambda: fs.write(fd, data), temp)
+            point("temp_written")
+            if sync:
+                step(lambda: fs.fsync(fd), temp)
+            point("temp_synced")
+        finally:
+            fs.close(fd)
+        if before_rename is not None:
+            before_rename()
+        step(lambda: fs.rename(temp, name, dir_fd=dir_fd), name)
+        renamed = True
+        point("renamed")
+        if sync:
+            step(lambda: fs.fsync(dir_fd), directory, fatal=True)
+        point("dir_synced")
+    finally:
+        if not renamed:
+            try:
+                fs.unlink(temp, dir_fd=dir_fd)
+            except OSError:
+                log.warning("could not remove %s; its owner removes it on its next open", temp)
+
+
+def append_line(path: str | os.PathLike[str], line: bytes, *, mode: int = 0o600) -> None:
+    """Append one line to a log file with one ``write``, never through a symlink.
+
+    ``O_APPEND|O_NOFOLLOW``: a link planted at ``path`` is refused (``ELOOP``),
+    not followed. One ``write`` of a short line lands whole or not at all when
+    the process is killed (the page cache keeps what was written).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    fd = os.open(path, flags, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        FileSystem().write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """Read a regular file, never through a symlink (``ELOOP``) and never blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return FileSystem().read(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> None:
+    """Replace the file at ``path`` by :func:`replace_file`, refusing symlinks on the last step.
+
+    For the files a world keeps beside a run (``checks.json``, ``recording.json``):
+    a link planted at ``path`` is replaced, never written through.
+    """
+    target = Path(path)
+    fs = FileSystem()
+    dir_fd = fs.open_dir(str(target.parent))
+    try:
+        replace_file(fs, dir_fd, target.name, data, mode=mode, sync=True)
+    finally:
+        fs.close(dir_fd)
 
 
 def is_regular(info: os.stat_result) -> bool:

@@ -293,8 +293,10 @@ def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) ->
 
 
 def _mutant_caught(mutant: str) -> bool:
-    from .sweep.powerloss import check_lock_exclusion, check_protocol
+    from .sweep.powerloss import MUTANTS, check_lock_exclusion, check_protocol, check_workspace
 
+    if MUTANTS[mutant].caught_by == "check_workspace":
+        return bool(check_workspace(mutant=mutant))
     return bool(check_protocol(saves=3, mutant=mutant) or check_lock_exclusion(mutant=mutant))
 
 
@@ -338,6 +340,10 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
         return EXIT["usage"]
     if args.power_loss:
         return _power_loss(args.task, args.jobs, console, errors)
+    if args.syscalls:
+        return _syscall_sweep(args, console, errors)
+    if args.random is not None:
+        return _random_sweep(args, console, errors)
     chosen = [known[name] for name in args.config] if args.config else list(CONFIGS)
     columns = (
         TextColumn("[bold]sweep[/bold]"),
@@ -395,6 +401,73 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
     for problem in problems:
         errors.print(f"[red]problem:[/red] {problem}")
     return EXIT["failed"] if problems else EXIT["done"]
+
+
+def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    """``durably sweep --syscalls``: kill the triage run at every disk-changing system call."""
+    from .sweep.syscalls import run_syscall_sweep, strace_available, triage_stores
+    from .triage.job import TriageJob
+
+    if not strace_available():
+        errors.print("error: the system-call sweep needs strace: apt-get install strace")
+        return EXIT["usage"]
+    stores = triage_stores()
+    chosen = {name: stores[name] for name in args.stores} if args.stores else stores
+    report = run_syscall_sweep(
+        TriageJob(args.task, sync=True),
+        chosen,
+        depth=args.depth,
+        jobs=args.jobs,
+        sample=args.sample,
+        merge=not args.every,
+        progress=_printer(errors, "system-call sweep"),
+    )
+    console.print(report.text(), highlight=False, markup=False)
+    if args.text:
+        args.text.write_text(report.text())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    problems = report.problems()
+    for problem in problems[:20]:
+        errors.print(f"[red]problem:[/red] {problem}", highlight=False)
+    return EXIT["failed"] if problems else EXIT["done"]
+
+
+def _random_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    """``durably sweep --random RUNS``: kill the demo at random instants, several times a run."""
+    from .sweep.randomkill import run_random_sweep
+
+    report = run_random_sweep(
+        task=args.task,
+        runs=args.random,
+        kills=args.kills,
+        seed=args.seed,
+        stores=args.stores or ("journal", "snapshot"),
+        jobs=args.jobs,
+        progress=_printer(errors, "random sweep"),
+    )
+    console.print(report.text(), highlight=False, markup=False)
+    if args.text:
+        args.text.write_text(report.text())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    problems = report.problems()
+    for problem in problems[:20]:
+        errors.print(f"[red]problem:[/red] {problem}", highlight=False)
+    return EXIT["failed"] if problems else EXIT["done"]
+
+
+def _printer(errors: Console, what: str) -> Callable[[int, int], None]:
+    """A progress callback printing "what: done/total" on stderr, at most every 10%."""
+    shown = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = (10 * done) // max(total, 1)
+        if tenth != shown[0] or done == total:
+            shown[0] = tenth
+            errors.print(f"{what}: {done}/{total}", highlight=False)
+
+    return progress
 
 
 def _positive_int(text: str) -> int:
@@ -564,6 +637,38 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead, check both stores against every legal disk after every power cut, "
         "and that every seeded mutant of the save protocol is caught",
+    )
+    sweep.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="instead, kill the run at every disk-changing system call (strace's fault "
+        "injection), on both file stores (synced), at --depth 1 or 2",
+    )
+    sweep.add_argument(
+        "--sample",
+        type=_positive_int,
+        help="with --syscalls: at most this many kills per call kind (default: every one)",
+    )
+    sweep.add_argument(
+        "--every",
+        action="store_true",
+        help="with --syscalls: kill at every point, even where an earlier kill left the same disk",
+    )
+    sweep.add_argument(
+        "--random",
+        type=_positive_int,
+        metavar="RUNS",
+        help="instead, run the demo RUNS times, each killed at up to --kills random instants",
+    )
+    sweep.add_argument(
+        "--kills", type=_positive_int, default=6, help="with --random: kills per run at most"
+    )
+    sweep.add_argument("--seed", type=int, default=0, help="with --random: the random seed")
+    sweep.add_argument(
+        "--stores",
+        action="append",
+        choices=("snapshot", "journal"),
+        help="with --syscalls or --random: a store to use (repeatable; default: both)",
     )
     sweep.add_argument(
         "--json", type=_output_file, help="write every scenario as JSON to this file"

@@ -355,6 +355,9 @@ class Agent:
         """
         handle, state = await self.store.open(run_id)
         try:
+            if self.workspace is not None:
+                # The owner clears what a killed write left before anything reads the files.
+                self.workspace.remove_temp_files()
             if state.phase is Phase.DONE:
                 return Outcome.from_state(state)  # finished: free, no model or tool call
             driver = _Driver(self, handle, state)

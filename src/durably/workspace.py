@@ -9,25 +9,32 @@ reason about files its conversation does not describe.
 
 Paths are relative to the workspace root. Absolute paths, ``..`` and symlinks
 anywhere on the way are refused.
+
+Writes use the file store's crash-atomic protocol
+(:func:`durably._sysio.replace_file`) through the same :class:`FileSystem`
+seam, so the power-loss model sees them. A write killed before its rename
+leaves a temp file ``.<name>.<16 hex>.tmp`` beside the file; the run's next owner
+removes every such file (:meth:`Workspace.remove_temp_files`) when it opens the
+run, before the workspace is verified or read.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
-import secrets
 import stat
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from ._sysio import fsync_fd
+from ._sysio import FileSystem, is_temp_name, replace_file
 from .errors import UnsafePath, WorkspaceChanged
 
 __all__ = ["Workspace", "sha256_bytes"]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+log = logging.getLogger("durably.workspace")
 
 
 def sha256_bytes(data: bytes | str) -> str:
@@ -43,11 +50,22 @@ class Workspace:
     Args:
         root: the workspace directory (created if missing).
         sync: fsync writes; turn off only in tests that do not model power loss.
+        fs: the system-call seam (the power-loss model and fault tests pass their own).
+        mode: permission bits of the files it writes.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, sync: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        sync: bool = True,
+        fs: FileSystem | None = None,
+        mode: int = 0o644,
+    ) -> None:
         self.root = Path(root)
         self.sync = sync
+        self.fs = fs or FileSystem()
+        self.mode = mode
         self.root.mkdir(parents=True, exist_ok=True)
         self._written: dict[str, str] = {}
 
@@ -97,35 +115,59 @@ class Workspace:
         rel = self.normalize(path)
         payload = data.encode("utf-8") if isinstance(data, str) else data
         with self._parent(rel, create=True) as (dir_fd, name):
-            temp = f".{name}.{secrets.token_hex(6)}.tmp"
-            fd = os.open(
-                temp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dir_fd,
-            )
-            try:
-                try:
-                    view = memoryview(payload)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    if self.sync:
-                        fsync_fd(fd)
-                finally:
-                    os.close(fd)
-                target = _lstat(name, dir_fd)
+
+            def refuse_non_file() -> None:
+                target = self.fs.lstat(name, dir_fd=dir_fd)
                 if target is not None and not stat.S_ISREG(target.st_mode):
                     # rename would replace the link itself; refuse so the user sees it.
-                    raise UnsafePath(path=rel, reason="a symlink or directory stands there")
-                os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
-                _unlink_quietly(temp, dir_fd)
-                raise
-            if self.sync:
-                fsync_fd(dir_fd)
+                    what = "a symlink" if stat.S_ISLNK(target.st_mode) else "not a regular file"
+                    raise UnsafePath(path=rel, reason=f"{what} stands there")
+
+            replace_file(
+                self.fs,
+                dir_fd,
+                name,
+                payload,
+                mode=self.mode,
+                sync=self.sync,
+                before_rename=refuse_non_file,
+            )
         digest = sha256_bytes(payload)
         self._written[rel] = digest
         return digest
+
+    def remove_temp_files(self) -> list[str]:
+        """Remove every temp file a killed write left in the workspace; return their paths.
+
+        Called by the run's owner when it opens the run, before anything reads the
+        workspace. Only names :func:`durably._sysio.temp_name` makes are removed
+        (``.<name>.<16 hex>.tmp``); symlinked directories are not entered.
+        """
+        removed: list[str] = []
+        root_fd = self.fs.open_dir(str(self.root))
+        try:
+            self._sweep_temps(root_fd, "", removed)
+        finally:
+            self.fs.close(root_fd)
+        return removed
+
+    def _sweep_temps(self, dir_fd: int, prefix: str, removed: list[str]) -> None:
+        for name in sorted(self.fs.listdir(dir_fd)):
+            info = self.fs.lstat(name, dir_fd=dir_fd)
+            if info is None:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                child = self.fs.open_dir_at(name, dir_fd=dir_fd)
+                try:
+                    self._sweep_temps(child, f"{prefix}{name}/", removed)
+                finally:
+                    self.fs.close(child)
+            elif stat.S_ISREG(info.st_mode) and is_temp_name(name):
+                self.fs.unlink(name, dir_fd=dir_fd)
+                removed.append(prefix + name)
+                log.info("removed %s%s left by a write that never finished", prefix, name)
+        if removed and self.sync:
+            self.fs.fsync(dir_fd)
 
     def take_written(self) -> dict[str, str]:
         """The files written since the last call, path -> SHA-256; clears the record."""
@@ -168,27 +210,28 @@ class Workspace:
     def _parent(self, rel: str, *, create: bool) -> Iterator[tuple[int, str]]:
         """Walk to the directory holding ``rel`` one component at a time, refusing symlinks."""
         *dirs, name = rel.split("/")
-        fd = os.open(self.root, _DIR_FLAGS)
+        fs = self.fs
+        fd = fs.open_dir(str(self.root))
         try:
             for part in dirs:
                 try:
-                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    next_fd = fs.open_dir_at(part, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    fs.mkdir_at(part, 0o755, dir_fd=fd)
                     if self.sync:
-                        fsync_fd(fd)  # the new directory's entry must survive a power cut
-                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                        fs.fsync(fd)  # the new directory's entry must survive a power cut
+                    next_fd = fs.open_dir_at(part, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise UnsafePath(path=rel, reason=_in_the_way(part, fd)) from exc
                     raise
-                os.close(fd)
+                fs.close(fd)
                 fd = next_fd
             yield fd, name
         finally:
-            os.close(fd)
+            fs.close(fd)
 
     def _open(self, name: str, flags: int, dir_fd: int, rel: str) -> int:
         try:
@@ -212,8 +255,3 @@ def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-
-
-def _unlink_quietly(name: str, dir_fd: int) -> None:
-    with suppress(OSError):
-        os.unlink(name, dir_fd=dir_fd)

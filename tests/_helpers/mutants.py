@@ -207,10 +207,10 @@ def _saved_reply_dropped() -> list[tuple[Any, str, Any]]:
 def _damaged_record_as_torn_tail() -> list[tuple[Any, str, Any]]:
     from durably.stores import journal
 
-    def valid_record_after(data: bytes, offset: int) -> bool:
-        return False  # nothing valid after a bad record: every bad record is a torn tail
+    def damage_after(data: bytes, offset: int) -> str | None:
+        return None  # nothing valid after a bad record: every bad record is a torn tail
 
-    return [(journal, "_valid_record_after", valid_record_after)]
+    return [(journal, "_damage_after", damage_after)]
 
 
 def _check_reads_wrong_run() -> list[tuple[Any, str, Any]]:
@@ -238,8 +238,8 @@ def _workspace_unsynced() -> list[tuple[Any, str, Any]]:
 
     real = Workspace.__init__
 
-    def init(self: Workspace, root: Any, *, sync: bool = True) -> None:
-        real(self, root, sync=False)  # the seam flipped: no write is ever fsynced
+    def init(self: Workspace, root: Any, *, sync: bool = True, **rest: Any) -> None:
+        real(self, root, sync=False, **rest)  # the seam flipped: no write is ever fsynced
 
     return [(Workspace, "__init__", init)]
 
@@ -365,7 +365,9 @@ CATALOG: tuple[Mutant, ...] = (
         name="workspace without fsync",
         flaw="the workspace's sync seam is off: no written file or directory is fsynced",
         patches=_workspace_unsynced,
-        catcher=Pending("branch anyinstant (issue 13): its syscall sweep catches it"),
+        catcher=PytestNodes(
+            ("test_powerloss.py::test_the_real_workspace_survives_every_power_cut",)
+        ),
     ),
     Mutant(
         name="Postgres save without the token condition",

@@ -327,7 +327,7 @@ def test_the_power_loss_sweep_finds_no_violation_and_catches_every_mutant() -> N
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "seeded mutants caught: 6/6" in result.stdout
+    assert "seeded mutants caught: 7/7" in result.stdout
     assert "lock exclusion: 0 violations" in result.stdout
     for store in ("journal", "snapshot"):
         line = next(x for x in result.stdout.splitlines() if f"{store} store):" in x)

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from .._sysio import append_line
 from .._values import describe, text_problem
 from ..errors import ModelError
 from ..state import Message, Usage
@@ -315,7 +316,8 @@ class CallLog:
     """An append-only log of model calls, one JSON line per call, shared by processes.
 
     Each line is written with one ``write`` on an ``O_APPEND`` descriptor, so it
-    survives the process being killed right after (the page cache keeps it).
+    survives the process being killed right after (the page cache keeps it); a
+    symlink planted at the path is refused, never followed.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -324,11 +326,7 @@ class CallLog:
     def append(self, run_id: str, turn: int) -> None:
         """Record that the model was asked for ``turn`` of ``run_id``."""
         line = json.dumps({"run_id": run_id, "turn": turn}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(self.path, line.encode())  # O_APPEND|O_NOFOLLOW, one write
 
     def turns(self, run_id: str | None = None) -> list[int]:
         """Every turn asked for, in order (of one run, or of all)."""

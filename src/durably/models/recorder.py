@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from .._sysio import write_file
 from ..errors import ModelError, ReplayMismatch
 from ..state import AssistantMessage, ToolCall, Usage, UserMessage
 from . import Call, Model, ModelRequest, Reply
@@ -134,9 +135,8 @@ class RecordingModel:
             task = first.text if first is not None else None
         recording = Recording(model=self.inner.name, price=self._price(), task=task, turns=turns)
         data = msgspec.json.format(msgspec.json.encode(recording), indent=2) + b"\n"
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, self.path)
+        # Crash-atomic, 0600 (it holds the conversation), never through a planted link.
+        write_file(self.path, data, mode=0o600)
 
 
 def _turn(text: str | None, calls: Iterable[ToolCall | Call], usage: Usage) -> RecordedTurn:

@@ -4,11 +4,12 @@ Layout of the state directory (mode 0700)::
 
     <run>.json     the run's state in a checksummed envelope (0600)
     <run>.lock     flock'ed by the process that owns the run (0600); never deleted
-    .<run>.<random>.tmp   a save in progress; removed on the next open
+    .<run>.<16 hex>.tmp   a save in progress; removed by the run's next owner
 
-Every save follows the crash-atomic protocol: write a temp file in the same
-directory (created 0600 with ``O_EXCL|O_NOFOLLOW``), fsync it, rename it over the
-run's file, fsync the directory. At any instant the disk holds the old state or
+Every save follows the crash-atomic protocol (:func:`durably._sysio.replace_file`,
+shared with the workspace): write a temp file in the same directory (created
+0600 with ``O_EXCL|O_NOFOLLOW``), fsync it, rename it over the run's file, fsync
+the directory. At any instant the disk holds the old state or
 the new one. A failed fsync means the save failed: the descriptor is never
 synced again and the handle refuses further saves.
 """
@@ -18,13 +19,20 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self, TypeVar
 
 from .. import faults
-from .._sysio import FileSystem, filesystem_type, is_network_fs, is_regular
+from .._sysio import (
+    TEMP_TAIL,
+    FileSystem,
+    filesystem_type,
+    is_network_fs,
+    is_regular,
+    is_temp_name,
+    replace_file,
+)
 from ..errors import (
     CheckpointCorrupt,
     Locked,
@@ -35,7 +43,7 @@ from ..errors import (
     UnsafePath,
     WrongStore,
 )
-from ..keys import validate_run_id
+from ..keys import RUN_ID_PATTERN, validate_run_id
 from ..state import RunState, utcnow
 from ._envelope import Opened, open_sealed, seal
 from ._guard import check_trusted, describe_kind, open_trusted
@@ -118,6 +126,7 @@ class FileStore:
             self._refuse_symlink(run_id + _STATE_SUFFIX, dir_fd)
             raise RunExists(run_id=run_id)
         self._remove_temp_files(run_id, dir_fd)
+        self._remove_orphaned_temp_files(dir_fd)
         try:
             handle.save_sync(state)
         except BaseException:
@@ -245,11 +254,48 @@ class FileStore:
             raise UnsafePath(path=self._path(name), reason=f"it is not a regular file ({kind})")
 
     def _remove_temp_files(self, run_id: str, dir_fd: int) -> None:
-        prefix = f".{run_id}."
+        """Remove this run's own temp files: exactly ``.<run>.<16 hex>.tmp``.
+
+        Never another run's: run ``a`` must not touch ``.a.b.<16 hex>.tmp`` (the
+        stem is what is left once the fixed-length tail is cut, so it is exact).
+        """
         for name in self.fs.listdir(dir_fd):
-            if name.startswith(prefix) and name.endswith(".tmp"):
-                self.fs.unlink(name, dir_fd=dir_fd)
+            if is_temp_name(name, run_id):
+                try:
+                    self.fs.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    continue
                 log.info("removed %s left by a save that never finished", name)
+
+    def _remove_orphaned_temp_files(self, dir_fd: int) -> None:
+        """Remove temp files of runs whose first save never finished (no state file).
+
+        Such a run has no next owner to clean up after it: a creator that was
+        killed inside its first save leaves a run ID nobody will open. Its temp
+        is removed only while its lock is held here (so a creator still writing
+        is left alone) and its state file is still absent.
+        """
+        for name in self.fs.listdir(dir_fd):
+            if not is_temp_name(name):
+                continue
+            run_id = name[1:-TEMP_TAIL]
+            if RUN_ID_PATTERN.fullmatch(run_id) is None:
+                continue
+            if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is not None:
+                continue
+            try:
+                lock_fd = self.fs.open(
+                    run_id + _LOCK_SUFFIX, os.O_RDWR | _NOFOLLOW, 0o600, dir_fd=dir_fd
+                )
+            except OSError:
+                continue  # no lock file: nobody can be writing it, but leave it to its owner
+            try:
+                if self.fs.lock(lock_fd) and (
+                    self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is None
+                ):
+                    self._remove_temp_files(run_id, dir_fd)
+            finally:
+                self.fs.close(lock_fd)
 
     def _new_handle(self, run_id: str, lock_fd: int) -> FileRun:
         return FileRun(self, run_id, lock_fd)
@@ -387,36 +433,34 @@ class FileRun:
 
     def _write_snapshot(self, data: bytes) -> None:
         """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""
-        store, fs = self._store, self._store.fs
+        store = self._store
         dir_fd = store._directory_fd()
         name = self._run_id + _STATE_SUFFIX
         store._refuse_symlink(name, dir_fd)
-        temp = f".{self._run_id}.{secrets.token_hex(8)}.tmp"
-        fd = self._step(
-            lambda: fs.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd
-            ),
-            temp,
+        replace_file(
+            store.fs,
+            dir_fd,
+            name,
+            data,
+            mode=0o600,
+            sync=store.sync,
+            point=_save_point,
+            on_error=self._failed,
+            directory=str(store.directory),
+            stem=self._run_id,
         )
-        renamed = False
-        try:
-            try:
-                self._step(lambda: fs.write(fd, data), temp)
-                faults.point("store.save.temp_written")
-                if store.sync:
-                    self._step(lambda: fs.fsync(fd), temp)
-                faults.point("store.save.temp_synced")
-            finally:
-                fs.close(fd)
-            self._step(lambda: fs.rename(temp, name, dir_fd=dir_fd), name)
-            renamed = True
-            faults.point("store.save.renamed")
-            if store.sync:
-                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
-            faults.point("store.save.dir_synced")
-        finally:
-            if not renamed:
-                self._discard(temp, dir_fd)
+
+    def _failed(self, exc: OSError, name: str, fatal: bool) -> Exception:
+        """The exception a failed system call of a save raises (see :meth:`_step`)."""
+        reason = f"{os.strerror(exc.errno or 0)} on {name}"
+        if fatal:
+            self._broken = reason
+            self._store.close()
+        if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
+            return UnsafePath(path=self._store._path(name), reason="something is in the way")
+        return SaveFailed(
+            run_id=self._run_id, path=self._store.describe(self._run_id), reason=reason
+        )
 
     def _step(self, action: Callable[[], _T], name: str, *, fatal: bool = False) -> _T:
         """Run one system call of a save, turning its failure into ``SaveFailed``.
@@ -430,22 +474,11 @@ class FileRun:
         try:
             return action()
         except OSError as exc:
-            reason = f"{os.strerror(exc.errno or 0)} on {name}"
-            if fatal:
-                self._broken = reason
-                self._store.close()
-            if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
-                path = self._store._path(name)
-                raise UnsafePath(path=path, reason="something is in the way") from exc
-            raise SaveFailed(
-                run_id=self._run_id, path=self._store.describe(self._run_id), reason=reason
-            ) from exc
+            raise self._failed(exc, name, fatal) from exc
 
-    def _discard(self, temp: str, dir_fd: int) -> None:
-        try:
-            self._store.fs.unlink(temp, dir_fd=dir_fd)
-        except OSError:
-            log.warning("could not remove %s; it will be removed on the next open", temp)
+
+def _save_point(step: str) -> None:
+    faults.point(f"store.save.{step}")
 
 
 async def _off_the_loop(sync: bool, function: Callable[..., _T], *arguments: object) -> _T:

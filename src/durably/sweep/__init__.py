@@ -1,7 +1,10 @@
 """The crash sweep: SIGKILL a job at every crash point, restart it, count what went wrong.
 
-See :mod:`durably.sweep.core` for how scenarios are built and judged, and
-:mod:`durably.sweep.powerloss` for the power-cut model of the file store.
+See :mod:`durably.sweep.core` for how scenarios are built and judged,
+:mod:`durably.sweep.powerloss` for the power-cut model of the file store and
+the workspace, :mod:`durably.sweep.syscalls` for the sweep that kills at every
+disk-changing system call, and :mod:`durably.sweep.randomkill` for the one that
+kills the demo at random instants.
 """
 
 from .core import CONFIGS as CONFIGS
@@ -15,6 +18,9 @@ from .core import World as World
 from .core import assert_clean as assert_clean
 from .core import digest_files as digest_files
 from .core import run_sweep as run_sweep
+from .randomkill import run_random_sweep as run_random_sweep
+from .syscalls import assert_syscalls_clean as assert_syscalls_clean
+from .syscalls import run_syscall_sweep as run_syscall_sweep
 
 __all__ = [
     "CONFIGS",
@@ -26,6 +32,9 @@ __all__ = [
     "Workers",
     "World",
     "assert_clean",
+    "assert_syscalls_clean",
     "digest_files",
+    "run_random_sweep",
     "run_sweep",
+    "run_syscall_sweep",
 ]

@@ -59,7 +59,16 @@ no-new-dir-sync             check_protocol            lost durability: the state
                                                       itself undone after the create
 lock-deleted-on-release     check_lock_exclusion      two owners: the old lock inode and a
                                                       new one are both locked
+workspace-no-fsync          check_workspace           lost durability: a workspace file
+                                                      empty after its write returned
 ==========================  ========================  ==================================
+
+:func:`check_workspace` does for the workspace what :func:`check_protocol` does
+for the store: workspace writes go through the same seam and the same
+crash-atomic primitive, so every legal disk after every power cut during a
+series of writes (one creating a directory) must hold each file as the last
+write that returned or the one in progress, never older, never torn; and the
+temp files a cut leaves are exactly the ones the next owner removes.
 
 The real protocol is checked by ``test_the_real_protocol_survives_every_power_cut``
 and ``test_the_real_store_never_has_two_owners``.
@@ -78,6 +87,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import msgspec
@@ -87,6 +97,7 @@ from .._sysio import FileSystem
 from ..errors import Locked, RunNotFound
 from ..state import RunState, UserMessage
 from ..stores.file import FileRun, FileStore
+from ..workspace import Workspace
 
 __all__ = [
     "MUTANTS",
@@ -100,6 +111,7 @@ __all__ = [
     "check_lock_exclusion",
     "check_protocol",
     "check_store",
+    "check_workspace",
     "explore",
     "numbered_state",
     "seeded",
@@ -281,6 +293,26 @@ class PowerLossFS(FileSystem):
             self._record(Op(kind="mkdir", path=self._rel(path)))
             return
         self._new_entry("mkdir", parent, os.path.basename(path))
+
+    def open_dir_at(self, name: str, *, dir_fd: int) -> int:
+        """Open a directory inside a directory descriptor, remembering its inode."""
+        parent = self._fds.get(dir_fd)
+        ino = self._live.directory(parent).live.get(name) if parent is not None else None
+        fd = super().open_dir_at(name, dir_fd=dir_fd)
+        if ino is not None:
+            self._fds[fd] = ino
+        path = self._child(parent, name) if parent is not None else name
+        self._record(Op(kind="open_dir", path=path, ino=ino))
+        return fd
+
+    def mkdir_at(self, name: str, mode: int, *, dir_fd: int) -> None:
+        """Create a directory inside a directory descriptor: unsynced until its parent is."""
+        parent = self._fds.get(dir_fd)
+        super().mkdir_at(name, mode, dir_fd=dir_fd)
+        if parent is None:
+            self._record(Op(kind="mkdir", path=name))
+            return
+        self._new_entry("mkdir", parent, name)
 
     def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
         """Open a file; a creation is an unsynced entry, ``O_TRUNC`` an unsynced truncation."""
@@ -827,6 +859,14 @@ def _open_recreating_lock(self: FileStore, run_id: str) -> tuple[FileRun, RunSta
     return _real_open_sync(self, run_id)
 
 
+_real_workspace_init = Workspace.__init__
+
+
+def _workspace_init_unsynced(self: Workspace, root: str | os.PathLike[str], **options: Any) -> None:
+    """The real ``Workspace`` with its sync seam turned off: no file or directory is fsynced."""
+    _real_workspace_init(self, root, **{**options, "sync": False})
+
+
 def _save_mutant(name: str, flaw: str) -> Mutant:
     patch = (FileRun, "_write_snapshot", _flawed_write(name))
     return Mutant(name=name, flaw=flaw, caught_by="check_protocol", patches=(patch,))
@@ -844,6 +884,12 @@ MUTANTS: dict[str, Mutant] = {
             flaw="a new state directory is not synced into its parent",
             caught_by="check_protocol",
             patches=((FileStore, "_make_directory", _make_directory_unsynced),),
+        ),
+        Mutant(
+            name="workspace-no-fsync",
+            flaw="the workspace's real write with its sync seam off: renamed into place unsynced",
+            caught_by="check_workspace",
+            patches=((Workspace, "__init__", _workspace_init_unsynced),),
         ),
         Mutant(
             name="lock-deleted-on-release",
@@ -1138,6 +1184,106 @@ def check_lock_exclusion(*, mutant: str | None = None, run_id: str = "r1") -> li
             expected="C gets Locked while B owns the run",
         )
     ]
+
+
+WORKSPACE_FILE = "src/notes.txt"
+"""The file :func:`check_workspace` writes (its first write also creates ``src/``)."""
+
+
+def workspace_content(n: int) -> bytes:
+    """What write ``n`` (from 1) of :func:`check_workspace` puts in the file."""
+    return (f"version {n}\n" * (n * 7)).encode()
+
+
+def check_workspace(
+    *, mutant: str | None = None, writes: int = 3, seed: int = 0, limit: int = 48
+) -> list[Violation]:
+    """Every power cut during ``writes`` workspace writes, on every legal disk: the violations.
+
+    The workspace lives under a :class:`PowerLossFS`. At every op-log boundary
+    each legal disk is materialised and the file read: it must be the content
+    of the last write that returned or of the write in progress (missing only
+    until the first write returned). Then a workspace over that disk removes its
+    temp files (as the run's next owner does): none may be left, and the file
+    must read the same afterwards.
+
+    Args:
+        mutant: a name from :data:`MUTANTS` (``workspace-no-fsync``) to check instead.
+        writes: how many writes of distinct contents.
+        seed: seeds the garbage bytes.
+        limit: images per point at most.
+    """
+    with tempfile.TemporaryDirectory(prefix="durably-powerloss-") as tmp:
+        root = Path(tmp, "disk")
+        (root / "ws").mkdir(parents=True, mode=0o700)
+        scratch = Path(tmp, "images")
+        scratch.mkdir(mode=0o700)
+        fs = PowerLossFS(root)
+        events: list[tuple[int, int, bool]] = []
+        with seeded(mutant):
+            workspace = Workspace(root / "ws", fs=fs)
+            for n in range(1, writes + 1):
+                fs.mark(f"write {n} begins")
+                events.append((len(fs.log), n, False))
+                workspace.write(WORKSPACE_FILE, workspace_content(n))
+                fs.mark(f"write {n} returned")
+                events.append((len(fs.log), n, True))
+        contents = {workspace_content(n): n for n in range(1, writes + 1)}
+        violations: list[Violation] = []
+        seen: set[tuple[str, str]] = set()
+        for point in range(len(fs.log) + 1):
+            returned = max((n for at, n, r in events if r and at <= point), default=None)
+            running = max((n for at, n, r in events if not r and at <= point), default=None)
+            if running == returned:
+                running = None
+            for image in fs.images(at=point, seed=seed, limit=limit):
+                found = _workspace_outcome(image, scratch, contents)
+                legal = [f"write {n}" for n in (returned, running) if n is not None]
+                if returned is None:
+                    legal.append("missing")
+                if found in legal or (found, image.description) in seen:
+                    continue
+                seen.add((found, image.description))
+                # After a write returned, anything but it (or the next) is lost durability.
+                lost = returned is not None and not (
+                    found.startswith("write ") and int(found.split()[1]) > returned
+                )
+                violations.append(
+                    Violation(
+                        kind=Kind.LOST if lost else Kind.UNREADABLE,
+                        point=point,
+                        where=_where(fs.log, point, returned, running).replace("save", "write"),
+                        image=image.description,
+                        found=found,
+                        expected=" or ".join(legal),
+                    )
+                )
+        return violations
+
+
+def _workspace_outcome(image: DiskImage, scratch: Path, contents: Mapping[bytes, int]) -> str:
+    """Materialise a disk, read the file, clean the temps as an owner would: what was found."""
+    target = Path(tempfile.mkdtemp(dir=scratch))
+    try:
+        base = image.materialise(target / "disk") / "ws"
+        try:
+            before = (base / WORKSPACE_FILE).read_bytes()
+        except FileNotFoundError:
+            before = None
+        Workspace(base, sync=False).remove_temp_files()
+        left = [p.name for p in base.rglob("*.tmp")]
+        if left:
+            return f"temp files left after cleanup: {left}"
+        after = (base / WORKSPACE_FILE).read_bytes() if before is not None else None
+        if before != after:
+            return "the file changed when temp files were removed"
+    finally:
+        shutil.rmtree(target)
+    if before is None:
+        return "missing"
+    if before in contents:
+        return f"write {contents[before]}"
+    return f"content no write made ({len(before)} bytes)"
 
 
 def check_store(*, mutant: str | None = None, saves: int = 4, seed: int = 0) -> list[Violation]:

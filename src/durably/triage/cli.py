@@ -18,6 +18,7 @@ from rich.table import Table
 
 from .. import faults
 from .._exit import EXIT, runs_dir
+from .._sysio import write_file
 from ..approval import Approver, PolicyApprover, TerminalApprover
 from ..decisions import AskLater
 from ..errors import DurablyError, ModelError
@@ -225,7 +226,7 @@ def _model_spec(asked: str | None, world: World, *, resuming: bool) -> str:
     spec = "replay" if provider == "replay" else f"{provider}:{name}"
     if not resuming:
         try:
-            chosen.write_text(spec + "\n")
+            write_file(chosen, (spec + "\n").encode(), mode=0o600)
         except OSError as exc:
             raise WorldError(
                 f"{chosen} could not be written ({exc.strerror}); "
@@ -270,7 +271,7 @@ def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -
             console.print(f"[red]FAIL[/red] {check.name}: {check.reason}")
     style = "green" if passed == len(checks) else "red"
     console.print(f"[bold {style}]{passed}/{len(checks)} checks passed[/bold {style}]")
-    (world.root / "checks.json").write_text(
-        json.dumps([{"name": c.name, "ok": c.ok, "reason": c.reason} for c in checks], indent=2)
-    )
+    verdicts = [{"name": c.name, "ok": c.ok, "reason": c.reason} for c in checks]
+    # Replaced crash-atomically, never written through a link planted at the name.
+    write_file(world.root / "checks.json", json.dumps(verdicts, indent=2).encode(), mode=0o600)
     return EXIT["done"] if passed == len(checks) else EXIT["checks"]

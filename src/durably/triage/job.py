@@ -22,7 +22,7 @@ from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
 from .world import World, load_task
 
-__all__ = ["TriageJob"]
+__all__ = ["TriageJob", "world_effects"]
 
 # The sweep counts re-asked replies itself, telling a lost reply (asked again, as it
 # must be) from a saved one paid twice; the check's plain count cannot tell them apart.
@@ -34,10 +34,14 @@ class TriageJob:
 
     Args:
         task: the task's name.
+        sync: fsync workspace writes and the tracker's commits, as the triage command
+            does (the system-call sweep kills at those fsyncs too); off by default,
+            since killing a process loses nothing a sync would have kept.
     """
 
-    def __init__(self, task: str = "m1-done-after-delete") -> None:
+    def __init__(self, task: str = "m1-done-after-delete", *, sync: bool = False) -> None:
         self._task = load_task(task)
+        self.sync = sync
         self.name = f"triage {task}"
         self._file_digests: dict[tuple[str, int, int, int], str] = {}
         self._readers: dict[tuple[int, str], sqlite3.Connection] = {}
@@ -73,7 +77,7 @@ class TriageJob:
             approver=approver,
             model=replay_model(triage_world, fickle=config.fickle),
             options=ToolOptions(honour_keys=config.honour_keys, refile_guard=config.refile_guard),
-            sync=False,
+            sync=self.sync,
         )
         agent.tools = {t.name: t for t in config.adapt(list(agent.tools.values()))}
         return agent
@@ -84,20 +88,7 @@ class TriageJob:
 
     def effects(self, world: SweepWorld) -> Counter[str]:
         """Issues by cause, comments by issue and text, patches by file."""
-        triage_world = self._world(world)
-        with triage_world.tracker(sync=False) as tracker:
-            causes = {issue.number: issue.cause for issue in tracker.issues()}
-            bodies = {comment.id: comment.body for comment in tracker.comments()}
-            performed = tracker.effects()
-        found: Counter[str] = Counter()
-        for effect in performed:
-            if effect.kind == "issue":
-                found[f"issue {causes.get(effect.target, effect.target)}"] += 1
-            else:
-                found[f"comment #{effect.target} {bodies.get(effect.id, '')[:40]}"] += 1
-        for patch in applied_patches(triage_world):
-            found[f"patch {patch['path']}"] += 1
-        return found
+        return world_effects(self._world(world))
 
     def oracle(self, world: SweepWorld, request: ResolveRequest) -> Rerun | Done:
         """What a person finds by looking at the tracker and the files."""
@@ -167,6 +158,24 @@ class TriageJob:
             self._readers[key] = connection
         (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
         return int(count)
+
+
+def world_effects(triage_world: World) -> Counter[str]:
+    """Every effect the receivers of a world performed: issues by cause, comments by issue
+    and text, patches by file (from the patch ledger)."""
+    with triage_world.tracker(sync=False) as tracker:  # closed: a sweep opens thousands
+        causes = {issue.number: issue.cause for issue in tracker.issues()}
+        bodies = {comment.id: comment.body for comment in tracker.comments()}
+        performed = tracker.effects()
+    found: Counter[str] = Counter()
+    for effect in performed:
+        if effect.kind == "issue":
+            found[f"issue {causes.get(effect.target, effect.target)}"] += 1
+        else:
+            found[f"comment #{effect.target} {bodies.get(effect.id, '')[:40]}"] += 1
+    for patch in applied_patches(triage_world):
+        found[f"patch {patch['path']}"] += 1
+    return found
 
 
 def _run_files(store_dir: Path) -> list[Path]:

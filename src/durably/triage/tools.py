@@ -21,7 +21,14 @@ and comments for the key each write carried, which the tracker records with
 the write in one transaction: a certain answer either way.
 
 Every patch applied is appended to the world's ``patches.jsonl`` (the patch
-tool's receiver is the file system; this is its audit trail).
+tool's receiver is the file system; this is its audit trail). The ledger is
+part of the patch's effect, and a kill can fall between the file's rename and
+the ledger's line: so the patch's lookup, when it finds the file already
+patched, also settles the ledger (adds the line for that call's key if it is
+missing). The tool itself records every patch it applies, even under a key
+already recorded: a ledger that hid a repeat would hide a duplicate. The
+ladder's verdict and the ledger can then never disagree
+(``docs/agent-authors.md``, "Ledgers").
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import msgspec
 
+from .._sysio import append_line, read_file
 from ..state import Effect
 from ..tools import NOT_FOUND, UNKNOWN, Found, Lookup, Tool, ToolContext, tool
 from ..workspace import Workspace, sha256_bytes
@@ -143,6 +151,9 @@ def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions)
         intended = ctx.intended.get(path)
         current = _workspace(ctx).read_text(path)
         if intended is not None and sha256_bytes(current) == intended:
+            # Killed between the rename and the ledger line: the effect happened, so
+            # the ledger must say so before the ladder records it as done.
+            _record_patch(world, path=path, key=ctx.idempotency_key, unless_recorded=True)
             return Found(f"patched {path} (the file already has the intended content)")
         if (
             intended is not None
@@ -203,15 +214,18 @@ def patches_log(world: World) -> Path:
     return world.root / "patches.jsonl"
 
 
-def _record_patch(world: World, *, path: str, key: str) -> None:
+def _record_patch(world: World, *, path: str, key: str, unless_recorded: bool = False) -> None:
+    """Add the ledger line for a patch made under ``key`` (``unless_recorded``: if none is)."""
+    if unless_recorded and any(entry.get("key") == key for entry in applied_patches(world)):
+        return
     line = json.dumps({"path": path, "key": key}) + "\n"
-    with patches_log(world).open("a") as out:
-        out.write(line)
+    append_line(patches_log(world), line.encode())
 
 
 def applied_patches(world: World) -> list[dict[str, str]]:
     """Every patch applied in a world, in order."""
-    log_path = patches_log(world)
-    if not log_path.exists():
+    try:
+        text = read_file(patches_log(world)).decode()  # a planted link is refused, not read
+    except FileNotFoundError:
         return []
-    return [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    return [json.loads(line) for line in text.splitlines() if line]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from .._sysio import write_file
 from ..errors import FieldsPickle
 from ..stores._guard import make_private_directories
 from .tracker import DEFAULT_KEY_TTL, Clock, Tracker
@@ -54,6 +55,10 @@ TASKS: tuple[str, ...] = ("m1-done-after-delete", "m2-due-date-zulu", "m3-unicod
 _WORLD_FORMAT = 1
 _FILE_MODE = 0o644
 _DIR_MODE = 0o755
+_PRIVATE_FILE = 0o600
+"""Files holding what the services received or the conversation: tracker.db, recording.json."""
+_PRIVATE_DIR = 0o700
+"""The world's own directory (and ``worlds/``): no other user reads into it."""
 
 
 class WorldError(FieldsPickle, Exception):
@@ -299,13 +304,14 @@ class World:
         )
         _set_modes(staging)
         staging.rename(self.workspace)
+        # Created 0600 before SQLite opens it: its -wal and -shm take the same mode.
+        os.close(
+            os.open(self.tracker_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, _PRIVATE_FILE)
+        )
+        os.chmod(self.tracker_path, _PRIVATE_FILE, follow_symlinks=False)
         Tracker(self.tracker_path)
-        self.tracker_path.chmod(_FILE_MODE)
         record = {"format": _WORLD_FORMAT, "task": task, "created": datetime.now(UTC).isoformat()}
-        temporary = self.root / f".world-{secrets.token_hex(4)}.json"
-        temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        temporary.chmod(_FILE_MODE)
-        temporary.replace(marker)
+        write_file(marker, (json.dumps(record, indent=2) + "\n").encode(), mode=_FILE_MODE)
 
     @classmethod
     def open(cls, root: str | os.PathLike[str]) -> World:

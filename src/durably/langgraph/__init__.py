@@ -1,0 +1,26 @@
+"""durably for LangGraph: ``DurablySaver``, a checkpointer on durably's journal files.
+
+Install with ``pip install 'durably[langgraph]'`` and pass it where a LangGraph
+checkpointer goes::
+
+    from durably.langgraph import DurablySaver
+
+    with DurablySaver("state/threads") as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "t1"}}, durability="sync")
+
+What it guarantees and what it does not is in ``docs/langgraph.md``.
+"""
+
+try:
+    import langgraph.checkpoint.base  # noqa: F401 - only to say what is missing
+except ImportError as exc:  # pragma: no cover - the dev extra installs LangGraph
+    raise ImportError(
+        "durably.langgraph needs LangGraph; install it with: pip install 'durably[langgraph]'"
+    ) from exc
+
+from ._saver import PRUNE_STRATEGIES as PRUNE_STRATEGIES
+from ._saver import DurablySaver as DurablySaver
+from ._thread import ThreadLocked as ThreadLocked
+
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadLocked"]

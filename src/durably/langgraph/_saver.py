@@ -1,0 +1,583 @@
+"""``DurablySaver``: a LangGraph checkpointer on durably's journal files.
+
+The synchronous methods are the core (LangGraph's sync graphs call them from
+worker threads); the async ones run them in a worker thread when the saver
+syncs to disk, as durably's stores do. One lock serializes every call.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from .. import faults
+from .._sysio import FileSystem
+from ..stores.file import _off_the_loop
+from ._thread import (
+    Blob,
+    Index,
+    Node,
+    Put,
+    ThreadLog,
+    ThreadStore,
+    Writes,
+    value_chain,
+)
+
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver"]
+
+_T = TypeVar("_T")
+
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+"""The strategies :meth:`DurablySaver.prune` accepts (LangGraph's names)."""
+
+
+class DurablySaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer that keeps each thread as durably's append-only journal.
+
+    Every ``put`` and ``put_writes`` is one append and one ``fdatasync`` holding
+    only what changed: the channels in ``new_versions``, and for a list channel
+    that grew (``messages`` under ``add_messages``) only the appended items.
+    The first write to a thread takes its lock, held until :meth:`close` (or
+    :meth:`release`); another process writing the same thread gets
+    :class:`ThreadLocked` at once. Reading needs no lock.
+
+    Args:
+        directory: where the threads' files live; created (0700) if missing.
+        sync: flush every write to stable storage before returning. Turn off only
+            where power loss does not matter (a killed process still loses nothing).
+        serde: LangGraph's serializer for values (``JsonPlusSerializer`` by default).
+        fs: the system-call seam (tests inject faults or the power-loss model here).
+        allow_network_fs: use a network file system anyway, where ``flock`` may not
+            exclude a process on another machine.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        sync: bool = True,
+        serde: SerializerProtocol | None = None,
+        fs: FileSystem | None = None,
+        allow_network_fs: bool = False,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.store = ThreadStore(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
+        self._owned: dict[str, ThreadLog] = {}
+        self._lock = threading.RLock()
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release every thread this saver writes, and the directory."""
+        with self._lock:
+            for thread_id in list(self._owned):
+                self.release(thread_id)
+            self.store.close()
+
+    def release(self, thread_id: str) -> None:
+        """Stop writing a thread: its lock is freed for another process."""
+        with self._lock:
+            handle = self._owned.pop(thread_id, None)
+            if handle is not None:
+                handle.close_sync()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- writing -----------------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint: durable when this returns (see the class docstring)."""
+        configurable = config["configurable"]
+        thread_id: str = configurable["thread_id"]
+        ns: str = configurable.get("checkpoint_ns", "")
+        values = checkpoint["channel_values"]
+        header = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        run_id = full_metadata.get("run_id")
+        with self._writing(thread_id) as handle:
+            seq = handle.index.seq + 1
+            blobs: list[Blob] = []
+            remembered: dict[tuple[str, str], list[Any] | None] = {}
+            for channel, version in new_versions.items():
+                if channel not in values:
+                    blobs.append(Blob(channel, version, "empty", b""))
+                    remembered[(ns, channel)] = None
+                    continue
+                value = values[channel]
+                base = self._extends(handle, ns, channel, value)
+                if base is not None:
+                    node, length = base
+                    type_, data = self.serde.dumps_typed(value[length:])
+                    blobs.append(Blob(channel, version, type_, data, node.seq))
+                else:
+                    type_, data = self.serde.dumps_typed(value)
+                    blobs.append(Blob(channel, version, type_, data))
+                remembered[(ns, channel)] = list(value) if isinstance(value, list) else None
+            record = Put(
+                seq=seq,
+                ns=ns,
+                id=checkpoint["id"],
+                parent=configurable.get("checkpoint_id"),
+                checkpoint=self.serde.dumps_typed(header),
+                metadata=self.serde.dumps_typed(full_metadata),
+                run_id=run_id if isinstance(run_id, str) else None,
+                blobs=blobs,
+            )
+            handle.append(record)
+            for key, listed in remembered.items():
+                tip = handle.index.tips.get(key)
+                if listed is not None and tip is not None:
+                    handle.previous[key] = (tip, listed)
+                else:
+                    handle.previous.pop(key, None)
+            faults.point("langgraph.put.saved")
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for a checkpoint (a write already stored is kept)."""
+        configurable = config["configurable"]
+        thread_id: str = configurable["thread_id"]
+        ns: str = configurable.get("checkpoint_ns", "")
+        checkpoint_id: str = configurable["checkpoint_id"]
+        with self._writing(thread_id) as handle:
+            taken = handle.index.write_keys_taken(ns, checkpoint_id)
+            items: list[tuple[int, str, str, bytes]] = []
+            for position, (channel, value) in enumerate(writes):
+                idx = WRITES_IDX_MAP.get(channel, position)
+                if idx >= 0 and (task_id, idx) in taken:
+                    continue  # as LangGraph's own savers do: a regular write is never replaced
+                type_, data = self.serde.dumps_typed(value)
+                items.append((idx, channel, type_, data))
+            if not items:
+                return
+            handle.append(
+                Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
+            )
+            faults.point("langgraph.writes.saved")
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints and writes (its lock file stays, as lock files do)."""
+        with self._lock:
+            handle = self._borrow(thread_id)
+            try:
+                if handle.exists:
+                    handle.delete()
+            finally:
+                self.release(thread_id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) whose metadata names one of ``run_ids``."""
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        with self._lock:
+            for thread_id in self.store.thread_ids():
+                index = self._index(thread_id)
+                if index is None or not any(
+                    record.run_id in wanted
+                    for by_id in index.checkpoints.values()
+                    for record in by_id.values()
+                ):
+                    continue
+                owned = thread_id in self._owned
+                handle = self._borrow(thread_id)
+                try:
+                    keep = {
+                        (ns, cid)
+                        for ns, by_id in handle.index.checkpoints.items()
+                        for cid, record in by_id.items()
+                        if record.run_id not in wanted
+                    }
+                    self._rewrite(handle, keep)
+                finally:
+                    if not owned:
+                        self.release(thread_id)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of one thread into another (added to what it has)."""
+        with self._lock:
+            source = self._index(source_thread_id)
+            if source is None or not source.checkpoints:
+                return
+            owned = target_thread_id in self._owned
+            handle = self._borrow(target_thread_id)
+            try:
+                records = handle.index.rewritten(
+                    keep=None, versions=self._versions(handle.index, None), start=1
+                )
+                records += source.rewritten(
+                    keep=None,
+                    versions=self._versions(source, None),
+                    start=len(records) + 1,
+                )
+                self._guarded(handle, lambda: handle.rewrite(records))
+            finally:
+                if not owned:
+                    self.release(target_thread_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep each namespace's latest checkpoint (``keep_latest``) or nothing (``delete``)."""
+        if strategy not in PRUNE_STRATEGIES:
+            known = ", ".join(PRUNE_STRATEGIES)
+            raise ValueError(f"prune strategy {strategy!r} is not known; use one of {known}")
+        with self._lock:
+            for thread_id in thread_ids:
+                if strategy == "delete":
+                    self.delete_thread(thread_id)
+                    continue
+                if self._index(thread_id) is None:
+                    continue
+                owned = thread_id in self._owned
+                handle = self._borrow(thread_id)
+                try:
+                    keep = {
+                        (ns, max(by_id)) for ns, by_id in handle.index.checkpoints.items() if by_id
+                    }
+                    self._rewrite(handle, keep)
+                finally:
+                    if not owned:
+                        self.release(thread_id)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """The next version of a channel: a counter (zero-padded, so strings sort) and a nonce.
+
+        The nonce keeps two branches of a thread (a fork from an old checkpoint)
+        from writing different values under the same version.
+        """
+        if current is None:
+            number = 0
+        elif isinstance(current, int | float):
+            number = int(current)
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:010d}.{secrets.token_hex(4)}"
+
+    # -- reading -----------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names, or the thread's latest in its namespace."""
+        configurable = config["configurable"]
+        thread_id: str = configurable["thread_id"]
+        ns: str = configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        with self._lock:
+            index = self._index(thread_id)
+            if index is None:
+                return None
+            by_id = index.checkpoints.get(ns)
+            if not by_id:
+                return None
+            if checkpoint_id is None:
+                checkpoint_id = max(by_id)
+            record = by_id.get(checkpoint_id)
+            if record is None:
+                return None
+            return self._tuple(thread_id, index, record)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints matching the criteria, newest first within each thread."""
+        with self._lock:
+            found = list(self._matching(config, filter=filter, before=before, limit=limit))
+        yield from found
+
+    # -- async forms -------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async form of :meth:`get_tuple`."""
+        return await self._off_loop(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async form of :meth:`list`."""
+
+        def collect() -> list[CheckpointTuple]:
+            return list(self.list(config, filter=filter, before=before, limit=limit))
+
+        for found in await self._off_loop(collect):
+            yield found
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async form of :meth:`put`."""
+        return await self._off_loop(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Async form of :meth:`put_writes`."""
+        await self._off_loop(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async form of :meth:`delete_thread`."""
+        await self._off_loop(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async form of :meth:`delete_for_runs`."""
+        await self._off_loop(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async form of :meth:`copy_thread`."""
+        await self._off_loop(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async form of :meth:`prune`."""
+
+        def run() -> None:
+            self.prune(thread_ids, strategy=strategy)
+
+        await self._off_loop(run)
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
+        return await _off_the_loop(self.store.sync, function, *arguments)
+
+    @contextmanager
+    def _writing(self, thread_id: str) -> Iterator[ThreadLog]:
+        """The owned thread, under the saver's lock; a failed write gives the thread up.
+
+        After a failed write the disk may hold more than the index (a flushed
+        append whose reply was an error), so the next write claims the thread
+        again and reads what the disk says.
+        """
+        with self._lock:
+            if thread_id not in self._owned:
+                self._owned[thread_id] = self.store.claim_sync(thread_id)
+            handle = self._owned[thread_id]
+            try:
+                yield handle
+            except BaseException:
+                self.release(thread_id)
+                raise
+
+    def _borrow(self, thread_id: str) -> ThreadLog:
+        if thread_id not in self._owned:
+            self._owned[thread_id] = self.store.claim_sync(thread_id)
+        return self._owned[thread_id]
+
+    def _guarded(self, handle: ThreadLog, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except BaseException:
+            self.release(handle.thread_id)
+            raise
+
+    def _rewrite(self, handle: ThreadLog, keep: set[tuple[str, str]]) -> None:
+        if not keep:
+            self._guarded(handle, handle.delete)
+            return
+        records = handle.index.rewritten(
+            keep=keep, versions=self._versions(handle.index, keep), start=1
+        )
+        self._guarded(handle, lambda: handle.rewrite(records))
+
+    def _versions(
+        self, index: Index, keep: set[tuple[str, str]] | None
+    ) -> dict[tuple[str, str], Any]:
+        return {
+            (ns, cid): self.serde.loads_typed(record.checkpoint).get("channel_versions", {})
+            for ns, by_id in index.checkpoints.items()
+            for cid, record in by_id.items()
+            if keep is None or (ns, cid) in keep
+        }
+
+    def _index(self, thread_id: str) -> Index | None:
+        handle = self._owned.get(thread_id)
+        if handle is not None:
+            return handle.index if handle.exists else None
+        return self.store.read_index(thread_id)
+
+    def _extends(
+        self, handle: ThreadLog, ns: str, channel: str, value: Any
+    ) -> tuple[Node, int] | None:
+        """The stored blob ``value`` extends (and its length), when it is a longer list."""
+        if not isinstance(value, list) or not value:
+            return None
+        tip = handle.index.tips.get((ns, channel))
+        if tip is None or tip.type == "empty":
+            return None
+        known = handle.previous.get((ns, channel))
+        if known is None or known[0] is not tip:
+            previous = self._value(tip)
+            if not isinstance(previous, list):
+                return None
+            known = (tip, previous)
+            handle.previous[(ns, channel)] = known
+        previous = known[1]
+        length = len(previous)
+        if length == 0 or length > len(value) or value[:length] != previous:
+            return None
+        return tip, length
+
+    def _value(self, node: Node) -> Any:
+        value: Any = None
+        for part in value_chain(node):
+            decoded = self.serde.loads_typed((part.type, part.data))
+            value = decoded if part.base is None else value + decoded
+        return value
+
+    def _tuple(self, thread_id: str, index: Index, record: Put) -> CheckpointTuple:
+        ns = record.ns
+        checkpoint = self.serde.loads_typed(record.checkpoint)
+        values: dict[str, Any] = {}
+        for channel, version in checkpoint.get("channel_versions", {}).items():
+            node = index.nodes.get((ns, channel, version))
+            if node is None or node.type == "empty":
+                continue
+            values[channel] = self._value(node)
+        checkpoint["channel_values"] = values
+        stored = index.writes.get((ns, record.id), {})
+        ordered = sorted(stored.items(), key=lambda kv: writes_sort_key(kv[1][4], *kv[0]))
+        pending = [
+            (task_id, channel, self.serde.loads_typed((type_, data)))
+            for _, (task_id, channel, type_, data, _path) in ordered
+        ]
+        parent = (
+            {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": record.parent,
+                }
+            }
+            if record.parent
+            else None
+        )
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": record.id,
+                }
+            },
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(record.metadata),
+            parent_config=parent,  # type: ignore[arg-type]
+            pending_writes=pending,
+        )
+
+    def _matching(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Iterator[CheckpointTuple]:
+        if config is not None:
+            thread_ids = [config["configurable"]["thread_id"]]
+            want_ns = config["configurable"].get("checkpoint_ns")
+            want_id = get_checkpoint_id(config)
+        else:
+            thread_ids, want_ns, want_id = self.store.thread_ids(), None, None
+        before_id = get_checkpoint_id(before) if before is not None else None
+        left = limit
+        for thread_id in thread_ids:
+            index = self._index(thread_id)
+            if index is None:
+                continue
+            records = sorted(
+                (
+                    record
+                    for ns, by_id in index.checkpoints.items()
+                    if want_ns is None or ns == want_ns
+                    for record in by_id.values()
+                ),
+                key=lambda record: record.id,
+                reverse=True,
+            )
+            for record in records:
+                if want_id is not None and record.id != want_id:
+                    continue
+                if before_id is not None and record.id >= before_id:
+                    continue
+                if filter:
+                    metadata = self.serde.loads_typed(record.metadata)
+                    if not all(metadata.get(k) == v for k, v in filter.items()):
+                        continue
+                if left is not None:
+                    if left <= 0:
+                        return
+                    left -= 1
+                yield self._tuple(thread_id, index, record)

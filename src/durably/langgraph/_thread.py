@@ -1,0 +1,557 @@
+"""One LangGraph thread on disk: a small header, an append-only log, a lock.
+
+Per thread, in the saver's directory (0700), named after the thread (``<key>``
+is the thread ID when it is made of letters, digits, ``-`` and ``_``, else
+``x.`` and a SHA-256 of it)::
+
+    <key>.json        {"format": 1, "thread_id": ..., "generation": G}, replaced crash-atomically
+    <key>.<G>.log     the thread's records, appended and flushed one per put or put_writes
+    <key>.lock        flock'ed by the one process writing the thread; never deleted
+
+This is the journal store's layout and protocol (``durably.stores.journal``),
+reused rather than copied: the same framed, checksummed records, the same append
+(one ``write`` and one ``fdatasync``; the first record of a log also syncs the
+directory), the same torn-tail rule, the same crash-atomic snapshot write, the
+same flock. Only the records differ. A record is a msgpack array, one of
+
+- ``p`` a checkpoint: namespace, ID, parent ID, the serialized checkpoint without
+  its channel values, the serialized metadata, the run ID, and a blob per channel
+  in ``new_versions``;
+- ``w`` a task's pending writes for one checkpoint;
+- ``b`` a blob on its own (written by rewrites: prune, delete_for_runs, copy_thread).
+
+A blob is a whole value, or, when the channel's new value is a list that extends
+the value last stored for that channel, only the appended items and the sequence
+number of the record holding the value it extends. Reads rebuild the list.
+
+Rewrites (prune, delete_for_runs, the target of copy_thread) write the kept
+records into the log of the next generation (created, written, flushed, directory
+synced), then replace the header naming it; only after the header's directory
+sync is the old log removed. A crash at any point leaves the old header with its
+complete log, or the new header with its complete log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .. import faults
+from .._sysio import FileSystem
+from ..errors import CheckpointCorrupt, Locked, SaveFailed
+from ..stores.journal import (
+    JournalRun,
+    JournalStore,
+    _damage_after,
+    _frame,
+    _log_name,
+    _unframe,
+)
+
+__all__ = ["ThreadLocked", "thread_key"]
+
+_NOFOLLOW = os.O_NOFOLLOW
+_HEADER_SUFFIX = ".json"
+_LOCK_SUFFIX = ".lock"
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+FORMAT = 1
+
+Version = str | int | float
+Typed = tuple[str, bytes]
+
+
+class ThreadLocked(Locked):
+    """Raised at once when another process is writing the thread; nothing was written."""
+
+    __module__ = "durably.langgraph"
+
+    def __init__(self, *, thread_id: str, path: str) -> None:
+        super().__init__(run_id=thread_id, path=path)
+        self.thread_id = thread_id
+        Exception.__init__(
+            self,
+            f"thread {thread_id!r} is being written by another process (lock {path}); "
+            "a second writer would fork its checkpoint chain, so nothing was written; "
+            "wait for that process to finish or stop it (its lock is freed the moment "
+            "it exits or closes its saver)",
+        )
+
+
+def thread_key(thread_id: str) -> str:
+    """The file name stem of a thread: its ID when that is safe as a name, else a digest."""
+    if not isinstance(thread_id, str):
+        raise TypeError(f"thread_id must be a string, not {type(thread_id).__name__}")
+    if _PLAIN_KEY.fullmatch(thread_id):
+        return thread_id
+    return "x." + hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+# -- records -----------------------------------------------------------------------------
+
+
+class _Header(msgspec.Struct, kw_only=True):
+    format: int
+    thread_id: str
+    generation: int
+
+
+class Blob(msgspec.Struct, array_like=True):
+    """A channel's value at one version: whole, or the items appended to an earlier value."""
+
+    channel: str
+    version: Version
+    type: str
+    data: bytes
+    base: int = 0
+    """0 for a whole value; else the seq of the record holding the value this one extends."""
+
+
+class Put(msgspec.Struct, tag="p", array_like=True):
+    """A checkpoint (its channel values are in ``blobs`` and in earlier records)."""
+
+    seq: int
+    ns: str
+    id: str
+    parent: str | None
+    checkpoint: Typed
+    metadata: Typed
+    run_id: str | None
+    blobs: list[Blob]
+
+
+class Writes(msgspec.Struct, tag="w", array_like=True):
+    """One task's pending writes for one checkpoint: ``(idx, channel, type, data)`` each."""
+
+    seq: int
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    items: list[tuple[int, str, str, bytes]]
+
+
+class Blobs(msgspec.Struct, tag="b", array_like=True):
+    """Blobs carried by a rewrite, whose checkpoint records may be gone."""
+
+    seq: int
+    ns: str
+    blobs: list[Blob]
+
+
+Record = Put | Writes | Blobs
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+_header_encoder = msgspec.json.Encoder()
+_header_decoder = msgspec.json.Decoder(_Header)
+
+
+def frame(record: Record) -> bytes:
+    """A record framed as the journal frames its records (magic, length, CRC-32)."""
+    return _frame(_encoder.encode(record))
+
+
+# -- the in-memory index -----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Node:
+    """A stored blob; ``base`` is the node it extends (its value is base's value + this one's)."""
+
+    ns: str
+    channel: str
+    version: Version
+    type: str
+    data: bytes
+    base: Node | None
+    seq: int
+    order: int
+
+
+@dataclass
+class Index:
+    """What a thread's log says, rebuilt by replaying it; reads are answered from here."""
+
+    checkpoints: dict[str, dict[str, Put]] = field(default_factory=dict)
+    """namespace -> checkpoint ID -> its record (blobs moved into ``nodes``)."""
+    nodes: dict[tuple[str, str, Version], Node] = field(default_factory=dict)
+    """(namespace, channel, version) -> the blob last stored under that key."""
+    tips: dict[tuple[str, str], Node] = field(default_factory=dict)
+    """(namespace, channel) -> the blob last stored for that channel."""
+    writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, str, bytes, str]]] = field(
+        default_factory=dict
+    )
+    """(namespace, checkpoint ID) -> (task ID, idx) -> (task ID, channel, type, data, task path)."""
+    seq: int = 0
+    _by_seq: dict[tuple[int, str, str], Node] = field(default_factory=dict)
+    _order: int = 0
+
+    def apply(self, record: Record, *, path: str = "") -> None:
+        """Apply one record (its seq must follow the last one's)."""
+        if record.seq != self.seq + 1:
+            raise CheckpointCorrupt(path=path, reason=f"record {record.seq} follows {self.seq}")
+        if isinstance(record, Writes):
+            slot = self.writes.setdefault((record.ns, record.checkpoint_id), {})
+            for idx, channel, type_, data in record.items:
+                slot[(record.task_id, idx)] = (
+                    record.task_id,
+                    channel,
+                    type_,
+                    data,
+                    record.task_path,
+                )
+        else:
+            for blob in record.blobs:
+                self._add_node(record.seq, record.ns, blob, path=path)
+            if isinstance(record, Put):
+                record.blobs = []
+                self.checkpoints.setdefault(record.ns, {})[record.id] = record
+        self.seq = record.seq
+
+    def _add_node(self, seq: int, ns: str, blob: Blob, *, path: str) -> None:
+        base = None
+        if blob.base:
+            base = self._by_seq.get((blob.base, ns, blob.channel))
+            if base is None:
+                raise CheckpointCorrupt(
+                    path=path,
+                    reason=f"record {seq} extends channel {blob.channel!r} of record "
+                    f"{blob.base}, which holds no such value",
+                )
+        self._order += 1
+        node = Node(
+            ns=ns,
+            channel=blob.channel,
+            version=blob.version,
+            type=blob.type,
+            data=blob.data,
+            base=base,
+            seq=seq,
+            order=self._order,
+        )
+        self.nodes[(ns, blob.channel, blob.version)] = node
+        self.tips[(ns, blob.channel)] = node
+        self._by_seq[(seq, ns, blob.channel)] = node
+
+    def write_keys_taken(self, ns: str, checkpoint_id: str) -> set[tuple[str, int]]:
+        """The (task ID, idx) pairs already stored for a checkpoint."""
+        return set(self.writes.get((ns, checkpoint_id), {}))
+
+    def rewritten(
+        self, *, keep: set[tuple[str, str]] | None, versions: dict[tuple[str, str], Any], start: int
+    ) -> list[Record]:
+        """Records that rebuild this index with only the ``keep`` checkpoints (None: all).
+
+        ``versions`` maps each kept (namespace, ID) to its checkpoint's channel
+        versions (decoded by the caller, which holds the serializer). Blobs come
+        first, in the order they were first stored, so that a value appears
+        before anything extending it; seqs start at ``start``.
+        """
+        kept = [
+            record
+            for ns, by_id in self.checkpoints.items()
+            for cid, record in by_id.items()
+            if keep is None or (ns, cid) in keep
+        ]
+        kept.sort(key=lambda record: record.seq)
+        live: dict[int, Node] = {}
+        for record in kept:
+            for channel, version in versions[(record.ns, record.id)].items():
+                node: Node | None = self.nodes.get((record.ns, channel, version))
+                while node is not None and node.order not in live:
+                    live[node.order] = node
+                    node = node.base
+        out: list[Record] = []
+        seq = start - 1
+        new_seq: dict[int, int] = {}
+        for order in sorted(live):
+            node = live[order]
+            seq += 1
+            new_seq[order] = seq
+            base = new_seq[node.base.order] if node.base is not None else 0
+            blob = Blob(node.channel, node.version, node.type, node.data, base)
+            out.append(Blobs(seq=seq, ns=node.ns, blobs=[blob]))
+        for record in kept:
+            seq += 1
+            out.append(msgspec.structs.replace(record, seq=seq, blobs=[]))
+        for (ns, cid), slot in self.writes.items():
+            if keep is not None and (ns, cid) not in keep:
+                continue
+            by_task: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = {}
+            for (task_id, idx), (_, channel, type_, data, task_path) in slot.items():
+                by_task.setdefault((task_id, task_path), []).append((idx, channel, type_, data))
+            for (task_id, task_path), items in by_task.items():
+                seq += 1
+                out.append(Writes(seq, ns, cid, task_id, task_path, items))
+        return out
+
+
+def records(data: bytes, *, path: str) -> Iterator[tuple[Record, int]]:
+    """The log's valid records, each with the offset just after it.
+
+    A record that is short or fails its checksum with no valid record after it is
+    a torn tail (never acknowledged) and ends the log; with a valid record after
+    it, the log is ``CheckpointCorrupt``.
+    """
+    offset = 0
+    while offset < len(data):
+        framed = _unframe(data, offset)
+        if framed is None:
+            damage = _damage_after(data, offset)
+            if damage is not None:
+                raise CheckpointCorrupt(path=path, reason=damage)
+            return
+        payload, end = framed
+        try:
+            record = _decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise CheckpointCorrupt(path=path, reason=f"record at byte {offset}: {exc}") from exc
+        yield record, end
+        offset = end
+
+
+def replay(data: bytes, *, path: str) -> tuple[Index, int]:
+    """The index a log's valid records build, and the length of those records."""
+    index = Index()
+    valid = 0
+    for record, end in records(data, path=path):
+        index.apply(record, path=path)
+        valid = end
+    return index, valid
+
+
+# -- the store and its handles -----------------------------------------------------------
+
+
+class ThreadStore(JournalStore):
+    """The saver's directory: a journal store whose runs are LangGraph threads."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        sync: bool = True,
+        fs: FileSystem | None = None,
+        allow_network_fs: bool = False,
+    ) -> None:
+        super().__init__(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
+
+    def claim_sync(self, thread_id: str) -> ThreadLog:
+        """Take the thread's lock (``ThreadLocked`` at once if held elsewhere) and load it."""
+        key = thread_key(thread_id)
+        dir_fd = self._directory_fd()
+        lock_name = key + _LOCK_SUFFIX
+        self._refuse_symlink(lock_name, dir_fd)
+        try:
+            lock_fd = self.fs.open(
+                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
+            )
+        except OSError as exc:
+            raise self._translate(exc, lock_name, thread_id) from exc
+        if not self.fs.lock(lock_fd):
+            self.fs.close(lock_fd)
+            raise ThreadLocked(thread_id=thread_id, path=self._path(lock_name))
+        handle = ThreadLog(self, key, lock_fd, thread_id=thread_id)
+        try:
+            self._remove_temp_files(key, dir_fd)
+            header = self._read_header(key, thread_id, dir_fd)
+            if header is None:
+                self._remove_stale_logs(key, -1, dir_fd)
+                return handle
+            name = _log_name(key, header.generation)
+            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
+            index, valid = replay(data, path=self._path(name))
+            if valid < len(data):
+                handle._cut_tail(name, valid)
+            self._remove_stale_logs(key, header.generation, dir_fd)
+            handle._adopt_index(index, generation=header.generation, log_size=valid)
+        except BaseException:
+            handle.close_sync()
+            raise
+        return handle
+
+    def read_index(self, thread_id: str) -> Index | None:
+        """The thread as its files say now, without its lock (None when there is no thread)."""
+        key = thread_key(thread_id)
+        dir_fd = self._directory_fd()
+        for _ in range(8):
+            header = self._read_header(key, thread_id, dir_fd)
+            if header is None:
+                return None
+            name = _log_name(key, header.generation)
+            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
+            again = self._read_header(key, thread_id, dir_fd)
+            if again is not None and again.generation == header.generation:
+                return replay(data, path=self._path(name))[0]
+        raise SaveFailed(
+            run_id=thread_id,
+            path=self._path(key + _HEADER_SUFFIX),
+            reason="the thread was rewritten eight times while being read; try again",
+        )
+
+    def thread_ids(self) -> list[str]:
+        """The ID of every thread in the directory, sorted."""
+        if not self.directory.exists() and not self.directory.is_symlink():
+            return []
+        dir_fd = self._directory_fd()
+        found = []
+        for name in self.fs.listdir(dir_fd):
+            if name.endswith(_HEADER_SUFFIX) and not name.startswith("."):
+                header = self._read_header(name[: -len(_HEADER_SUFFIX)], None, dir_fd)
+                if header is not None:
+                    found.append(header.thread_id)
+        return sorted(found)
+
+    def _read_header(self, key: str, thread_id: str | None, dir_fd: int) -> _Header | None:
+        name = key + _HEADER_SUFFIX
+        path = self._path(name)
+        try:
+            fd = self.fs.open(name, os.O_RDONLY | _NOFOLLOW, 0, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._translate(exc, name, thread_id or key) from exc
+        try:
+            data = self.fs.read(fd)
+        finally:
+            self.fs.close(fd)
+        try:
+            header = _header_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise CheckpointCorrupt(
+                path=path, reason=f"torn or not a thread header ({exc})"
+            ) from exc
+        if header.format != FORMAT:
+            raise CheckpointCorrupt(path=path, reason=f"unknown thread format {header.format}")
+        if thread_id is not None and header.thread_id != thread_id:
+            raise CheckpointCorrupt(
+                path=path, reason=f"it holds thread {header.thread_id!r}, not {thread_id!r}"
+            )
+        return header
+
+
+class ThreadLog(JournalRun):
+    """Ownership of one thread: its lock, its open log and its index."""
+
+    def __init__(self, store: ThreadStore, key: str, lock_fd: int, *, thread_id: str) -> None:
+        super().__init__(store, key, lock_fd)
+        self.thread_id = thread_id
+        self.index = Index()
+        self.exists = False
+        self.previous: dict[tuple[str, str], tuple[Node, list[Any]]] = {}
+        """(namespace, channel) -> the tip node and its value as a list, for appends."""
+
+    def _adopt_index(self, index: Index, *, generation: int, log_size: int) -> None:
+        self.index = index
+        self._generation, self._log_size = generation, log_size
+        self.exists = True
+
+    def _append(self, record: bytes) -> None:
+        """Append to this generation's log, creating it with its first record.
+
+        A run's journal log is made by compaction with a header record (and its
+        generation checked against the snapshot's); a thread's log is made by its
+        first append, and its header file names the generation, so this keeps the
+        thread's own protocol rather than the run journal's.
+        """
+        store, fs = self._journal, self._journal.fs
+        name = _log_name(self._run_id, self._generation)
+        dir_fd = store._directory_fd()
+        new_log = self._log_fd is None and self._log_size == 0
+        if self._log_fd is None:
+            flags = os.O_WRONLY | _NOFOLLOW | (os.O_CREAT | os.O_EXCL if new_log else 0)
+            try:
+                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            except Exception:
+                if not new_log:
+                    raise
+                # A log of this generation left by a process that died before its first
+                # append was flushed holds nothing that was ever acknowledged.
+                fs.unlink(name, dir_fd=dir_fd)
+                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            fs.seek_end(self._log_fd)
+        fd = self._log_fd
+        self._step(lambda: fs.write(fd, record), name)
+        faults.point("store.append.written")
+        if store.sync:
+            self._step(lambda: fs.datasync(fd), name, fatal=True)
+            if new_log:  # the log's directory entry must survive with its first record
+                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+        self._log_size += len(record)
+        faults.point("store.append.synced")
+
+    def append(self, record: Record) -> None:
+        """Make one record durable at the end of the log, then apply it to the index."""
+        self._check_usable()
+        if not self.exists:
+            self.rewrite([record])
+            return
+        self._append(frame(record))
+        self.index.apply(record)
+
+    def rewrite(self, records: list[Record]) -> None:
+        """Replace the thread's log by ``records`` (seqs from 1), crash-atomically."""
+        self._check_usable()
+        store, fs = self._journal, self._journal.fs
+        old = self._generation
+        if self._log_fd is not None:
+            fs.close(self._log_fd)
+            self._log_fd = None
+        self._generation, self._log_size = old + 1, 0
+        try:
+            self._append(b"".join(frame(record) for record in records))
+            faults.point("langgraph.rewrite.log_synced")
+            header = _Header(format=FORMAT, thread_id=self.thread_id, generation=old + 1)
+            self._write_snapshot(_header_encoder.encode(header))
+        except BaseException as exc:
+            # The header on disk may name either generation now: this handle must not
+            # append again. The saver drops it; a new claim reads what the disk says.
+            self._broken = f"a rewrite failed ({exc.__class__.__name__})"
+            raise
+        if old:
+            with suppress(FileNotFoundError):
+                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())
+        faults.point("langgraph.rewrite.done")
+        index = Index()
+        for record in records:
+            index.apply(record)
+        self.index = index
+        self.exists = True
+        self.previous.clear()
+
+    def delete(self) -> None:
+        """Remove the thread: its header first (durably), then its logs. The lock stays."""
+        self._check_usable()
+        store, fs = self._journal, self._journal.fs
+        dir_fd = store._directory_fd()
+        name = self._run_id + _HEADER_SUFFIX
+        if self._log_fd is not None:
+            fs.close(self._log_fd)
+            self._log_fd = None
+        with suppress(FileNotFoundError):
+            self._step(lambda: fs.unlink(name, dir_fd=dir_fd), name)
+        if store.sync:
+            self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+        faults.point("langgraph.delete.header_removed")
+        store._remove_stale_logs(self._run_id, -1, dir_fd)
+        self.index = Index()
+        self.exists = False
+        self.previous.clear()
+        self._generation, self._log_size = 0, 0
+
+
+def value_chain(node: Node) -> Iterator[Node]:
+    """The nodes whose values, concatenated in order, make ``node``'s value."""
+    chain = []
+    current: Node | None = node
+    while current is not None:
+        chain.append(current)
+        current = current.base
+    return reversed(chain)
