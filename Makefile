@@ -31,6 +31,7 @@ test: system-test $(BIN)/durably
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 bench: $(BIN)/durably

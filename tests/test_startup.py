@@ -30,6 +30,8 @@ HEAVY = (
     "openai",
     "mcp",
     "httpx",
+    "stamina",  # retries: imported by the boundaries that retry, on first use
+    "tenacity",
 )
 
 

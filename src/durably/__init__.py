@@ -28,10 +28,13 @@ from .errors import Locked as Locked
 from .errors import LockLost as LockLost
 from .errors import MaxResumes as MaxResumes
 from .errors import ModelError as ModelError
+from .errors import OwnershipError as OwnershipError
 from .errors import ReplayMismatch as ReplayMismatch
+from .errors import RunError as RunError
 from .errors import RunExists as RunExists
 from .errors import RunNotFound as RunNotFound
 from .errors import SaveFailed as SaveFailed
+from .errors import StorageError as StorageError
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenLimit as TokenLimit
 from .errors import TurnLimit as TurnLimit
@@ -86,6 +89,9 @@ def __getattr__(name: str) -> object:
 _VERSION: str | None = None
 
 if TYPE_CHECKING:
+    # What __getattr__ gives, as type checkers should see it (never imported at run time).
+    from .stores.postgres import PostgresStore as PostgresStore
+
     __version__: str  # given by __getattr__, so importlib.metadata loads on first use
 
 
@@ -140,6 +146,7 @@ __all__ = [
     "ModelRequest",
     "No",
     "Outcome",
+    "OwnershipError",
     "Phase",
     "PolicyApprover",
     "Price",
@@ -147,12 +154,14 @@ __all__ = [
     "Reply",
     "Rerun",
     "ResolveRequest",
+    "RunError",
     "RunExists",
     "RunNotFound",
     "RunState",
     "SaveFailed",
     "ScriptedApprover",
     "ScriptedModel",
+    "StorageError",
     "StoreUnavailable",
     "TerminalApprover",
     "TokenLimit",

@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 import msgspec
 
+from ._exit import EXIT as EXIT
+from ._exit import Exit as Exit
+from ._exit import runs_dir as runs_dir
 from .errors import (
     ApprovalUnavailable,
     DurablyError,
@@ -51,23 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EXIT", "main"]
 
-EXIT = {
-    "done": 0,
-    "failed": 1,
-    "usage": 2,
-    "paused": 3,
-    "locked": 4,
-    "limit": 5,
-    "checks": 6,
-}
 
 _EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 3 paused (waiting for a person),
 4 locked (another process owns the run), 5 limit reached, 6 finished but checks failed"""
-
-
-def runs_dir(state_dir: Path) -> Path:
-    """Where the CLI keeps the run checkpoints of a state directory."""
-    return state_dir / "runs"
 
 
 def _age(when: datetime | None) -> str:

@@ -202,7 +202,7 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
     from rich.table import Table
     from rich.text import Text
 
-    from .cli import EXIT
+    from ._exit import EXIT
 
     try:
         choice = choose_store(args)
@@ -251,7 +251,7 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
 def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from .cli import EXIT
+    from ._exit import EXIT
     from .decisions import answer, parse_answer
 
     try:
@@ -281,7 +281,7 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from .cli import EXIT
+    from ._exit import EXIT
     from .loop import Limits
 
     try:
@@ -332,7 +332,7 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from .cli import EXIT
+    from ._exit import EXIT
 
     try:
         choice = choose_store(args)

@@ -34,7 +34,16 @@ from .approval import (
 from .errors import AnswerRefused
 from .keys import idempotency_key
 from .loop import shielded
-from .state import AssistantMessage, Decision, Phase, Resolution, RunState, ToolResult, utcnow
+from .state import (
+    AssistantMessage,
+    Decision,
+    Phase,
+    Resolution,
+    ResolutionOutcome,
+    RunState,
+    ToolResult,
+    utcnow,
+)
 from .stores import Store
 
 __all__ = ["WORDS", "AskLater", "Question", "answer", "parse_answer", "questions", "record_answer"]
@@ -150,10 +159,14 @@ def record_answer(state: RunState, *, call_id: str, decision: Answer, now: datet
             decided_at=now,
         )
     elif isinstance(decision, Rerun):
-        state.resolutions[call_id] = Resolution(step=3, outcome="rerun", detail="decided")
+        state.resolutions[call_id] = Resolution(
+            step=3, outcome=ResolutionOutcome.RERUN, detail="decided"
+        )
         state.markers.pop(call_id, None)
     else:
-        state.resolutions[call_id] = Resolution(step=3, outcome="done", detail="decided")
+        state.resolutions[call_id] = Resolution(
+            step=3, outcome=ResolutionOutcome.DONE, detail="decided"
+        )
         state.messages.append(
             ToolResult(call_id=call.id, name=call.name, content=decision.result, is_error=False)
         )

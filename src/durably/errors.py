@@ -29,15 +29,20 @@ The hierarchy::
     ├── ModelError                  the model provider failed or answered nonsense
     ├── ApprovalUnavailable         the approver could not be asked
     ├── InvalidValue                user code handed durably a value the state cannot hold
-    └── ReplayMismatch              the conversation departed from a recorded run
+    ├── ReplayMismatch              the conversation departed from a recorded run
+    └── (in durably.transports)     a remote tool failed; the model reads the message
+        ├── HttpToolError
+        └── McpToolError
 
 Every class keeps its keyword fields as attributes, so callers can act on them
-without parsing messages.
+without parsing messages, and pickles with them (:class:`FieldsPickle`): the
+sweep moves errors between processes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "AgentChanged",
@@ -47,6 +52,7 @@ __all__ = [
     "CheckpointTooNew",
     "DollarLimit",
     "DurablyError",
+    "FieldsPickle",
     "InvalidRunId",
     "InvalidValue",
     "LeaseLost",
@@ -71,7 +77,29 @@ __all__ = [
 ]
 
 
-class DurablyError(Exception):
+class FieldsPickle:
+    """Mixin: an exception built from keyword fields pickles by its fields.
+
+    ``BaseException`` pickles as ``cls(*args)``, which a keyword-only
+    ``__init__`` refuses; this rebuilds the exception without calling
+    ``__init__`` (its message in ``args``, its fields from ``__dict__``), so it
+    can cross a process boundary, as the sweep's workers send errors back.
+    """
+
+    __slots__ = ()
+    args: tuple[Any, ...]  # given by BaseException, which this is mixed into
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild as ``cls.__new__(cls, *args)`` with the fields restored as state."""
+        return (_rebuild, (type(self), self.args), self.__dict__ or None)
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception of ``cls`` with ``args``, made without running its ``__init__``."""
+    return cls.__new__(cls, *args)
+
+
+class DurablyError(FieldsPickle, Exception):
     """Root of every error durably raises on purpose."""
 
     __module__ = "durably"

@@ -54,6 +54,7 @@ from .models import (
 )
 from .state import (
     Approval,
+    ApprovalKind,
     AssistantMessage,
     AttemptMarker,
     Decision,
@@ -63,6 +64,7 @@ from .state import (
     ModelCall,
     Phase,
     Resolution,
+    ResolutionOutcome,
     RunState,
     ToolCall,
     ToolPrint,
@@ -553,10 +555,14 @@ class _Driver:
                     decided_at=now,
                 )
             elif isinstance(answer, Rerun):
-                state.resolutions[call_id] = Resolution(step=3, outcome="rerun", detail="decided")
+                state.resolutions[call_id] = Resolution(
+                    step=3, outcome=ResolutionOutcome.RERUN, detail="decided"
+                )
                 state.markers.pop(call_id, None)
             elif isinstance(answer, Done):
-                state.resolutions[call_id] = Resolution(step=3, outcome="done", detail="decided")
+                state.resolutions[call_id] = Resolution(
+                    step=3, outcome=ResolutionOutcome.DONE, detail="decided"
+                )
                 self._record_result(call, answer.result, is_error=False)
             if pending is not None:
                 state.pending.pop(call_id, None)
@@ -806,7 +812,7 @@ class _Driver:
                     tool=tool.name,
                     arguments=call.arguments,
                     asked_at=self.agent.clock(),
-                    kind="resolve",
+                    kind=ApprovalKind.RESOLVE,
                     why=why,
                 )
                 state.phase = Phase.PAUSED
@@ -832,7 +838,7 @@ class _Driver:
         if state.phase is Phase.PAUSED and not state.pending:
             state.phase = Phase.TOOLS
         state.resolutions[call.id] = Resolution(
-            step=verdict.step, outcome=verdict.outcome, detail=verdict.detail
+            step=verdict.step, outcome=ResolutionOutcome(verdict.outcome), detail=verdict.detail
         )
         if verdict.result is not None:
             await self.finish(call, verdict.result, False)

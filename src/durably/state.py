@@ -23,6 +23,7 @@ from .errors import CheckpointCorrupt, CheckpointTooNew
 __all__ = [
     "FORMAT",
     "Approval",
+    "ApprovalKind",
     "AssistantMessage",
     "AttemptMarker",
     "Decision",
@@ -32,6 +33,7 @@ __all__ = [
     "ModelCall",
     "Phase",
     "Resolution",
+    "ResolutionOutcome",
     "RunState",
     "ToolCall",
     "ToolPrint",
@@ -73,6 +75,25 @@ class Effect(enum.StrEnum):
     """Sends the idempotency key and the service deduplicates; rerun while the key is live."""
     WRITE = "write"
     """Changes something with no key; a crash leaves it to the lookup or a person."""
+
+
+class ApprovalKind(enum.StrEnum):
+    """What a question to a person asks. Values are stable on disk."""
+
+    APPROVE = "approve"
+    """May this call run?"""
+    RESOLVE = "resolve"
+    """Did this in-doubt call happen?"""
+
+
+class ResolutionOutcome(enum.StrEnum):
+    """How an in-doubt call was settled. Values are stable on disk."""
+
+    RERUN = "rerun"
+    FOUND = "found"
+    NOT_FOUND = "not-found"
+    DONE = "done"
+    """A person supplied the result."""
 
 
 class Usage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -182,7 +203,7 @@ class Approval(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     tool: str
     arguments: str
     asked_at: datetime
-    kind: str = "approve"
+    kind: ApprovalKind = ApprovalKind.APPROVE
     """``approve`` (may it run?) or ``resolve`` (did this in-doubt call happen?)."""
     why: str | None = None
     """For ``resolve``: why the ladder could not decide by itself."""
@@ -201,7 +222,7 @@ class Resolution(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
 
     step: int
     """1 = rerun, 2 = lookup, 3 = a person."""
-    outcome: str
+    outcome: ResolutionOutcome
     """``rerun``, ``found``, ``not-found``, ``done`` (a person supplied the result)."""
     detail: str | None = None
 

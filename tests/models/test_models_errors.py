@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import stamina
 from _models_fakes import (
     M1,
     SECRET,
@@ -58,13 +61,23 @@ REQUEST = ModelRequest(
 
 
 class Sleeps:
-    """A sleep that returns at once and remembers how long it was asked to wait."""
+    """The waits the retry policy chose, read from its log (stamina's testing mode skips them)."""
 
-    def __init__(self) -> None:
-        self.waits: list[float] = []
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.INFO, logger="durably.models")
+        self.caplog = caplog
 
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
+    @property
+    def waits(self) -> list[float]:
+        """Each chosen wait, in order."""
+        return [r.args[-1] for r in self.caplog.records if r.name == "durably.models"]  # type: ignore[index]
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting() -> Iterator[None]:
+    """Retries happen at once: stamina's testing mode, with the policy's own attempt count."""
+    with stamina.set_testing(True, attempts=100, cap=True):
+        yield
 
 
 def no_jitter(low: float, high: float) -> float:
@@ -90,13 +103,15 @@ def failing(provider: str, status: int, times: int, **headers: str) -> list[Answ
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_rate_limit_is_retried_after_a_backoff(provider: str) -> None:
+def test_a_rate_limit_is_retried_after_a_backoff(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """429 then 200 gives one reply from two requests, with one wait in between."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = failing(provider, 429, 1, **{"retry-after": "0"})
     with serving(fake):
-        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        model = provider_model(provider, fake.base_url, retry=Retry(jitter=no_jitter))
         reply = ask(model)
     assert [call.name for call in reply.calls] == ["list_reports"]
     assert len(fake.seen) == 2
@@ -104,13 +119,15 @@ def test_a_rate_limit_is_retried_after_a_backoff(provider: str) -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_overload_backs_off_exponentially_then_gives_up(provider: str) -> None:
+def test_overload_backs_off_exponentially_then_gives_up(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """An overload that outlasts the attempts waits 1 s, 2 s, then raises ModelError."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = failing(provider, OVERLOADED[provider], 3)
     with serving(fake):
-        retry = Retry(attempts=3, sleep=sleeps, jitter=no_jitter)
+        retry = Retry(attempts=3, jitter=no_jitter)
         model = provider_model(provider, fake.base_url, retry=retry)
         with pytest.raises(ModelError, match="after 3 attempts") as raised:
             ask(model)
@@ -131,13 +148,15 @@ def test_the_provider_retry_after_is_honoured_up_to_the_cap() -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_refused_key_is_a_model_error_at_once(provider: str) -> None:
+def test_a_refused_key_is_a_model_error_at_once(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """401 is not retried: ModelError names the API key's variable, never the key."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = failing(provider, 401, 1)
     with serving(fake):
-        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps))
+        model = provider_model(provider, fake.base_url, retry=Retry())
         with pytest.raises(ModelError) as raised:
             ask(model)
     message = str(raised.value)
@@ -149,13 +168,13 @@ def test_a_refused_key_is_a_model_error_at_once(provider: str) -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_bad_request_is_not_retried(provider: str) -> None:
+def test_a_bad_request_is_not_retried(provider: str, caplog: pytest.LogCaptureFixture) -> None:
     """400 is a ModelError after one request, saying the provider refused the request."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = failing(provider, 400, 1)
     with serving(fake):
-        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps))
+        model = provider_model(provider, fake.base_url, retry=Retry())
         with pytest.raises(ModelError, match="refused the request"):
             ask(model)
     assert len(fake.seen) == 1
@@ -207,13 +226,13 @@ def test_a_reply_cut_off_is_not_taken_for_an_answer(provider: str, answer: dict[
     assert len(fake.seen) == 1
 
 
-def test_an_unreachable_api_is_retried_then_reported() -> None:
+def test_an_unreachable_api_is_retried_then_reported(caplog: pytest.LogCaptureFixture) -> None:
     """A refused connection is retried like any transient failure, then named."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    sleeps = Sleeps()
-    retry = Retry(attempts=2, sleep=sleeps, jitter=no_jitter)
+    sleeps = Sleeps(caplog)
+    retry = Retry(attempts=2, jitter=no_jitter)
     model = provider_model("openai", f"http://127.0.0.1:{port}/v1", retry=retry)
     with pytest.raises(ModelError, match="could not reach") as raised:
         ask(model)
@@ -264,27 +283,33 @@ def test_a_model_error_leaves_the_saved_state_as_it_was(tmp_path: Path) -> None:
     [("anthropic", "retry-after", "7", 7.0), ("openai", "retry-after-ms", "2500", 2.5)],
 )
 def test_a_rate_limit_waits_as_long_as_the_provider_asks(
-    provider: str, header: str, value: str, wait: float
+    provider: str,
+    header: str,
+    value: str,
+    wait: float,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """429 with retry-after (Anthropic, seconds) or retry-after-ms (OpenAI) sets the wait."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = failing(provider, 429, 1, **{header: value})
     with serving(fake):
-        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        model = provider_model(provider, fake.base_url, retry=Retry(jitter=no_jitter))
         reply = ask(model)
     assert [call.name for call in reply.calls] == ["list_reports"]
     assert sleeps.waits == [wait]
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_stream_that_fails_midway_is_asked_again(provider: str) -> None:
+def test_a_stream_that_fails_midway_is_asked_again(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """An error event, then a connection closed, in the middle of a stream: two waits, one reply."""
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     fake = FakeProvider(provider, recorded_answer(provider, recorded_turns()))
     fake.errors[1] = [(200, STREAM_ERROR, {}), (200, STREAM_CUT, {})]
     with serving(fake):
-        model = provider_model(provider, fake.base_url, retry=Retry(sleep=sleeps, jitter=no_jitter))
+        model = provider_model(provider, fake.base_url, retry=Retry(jitter=no_jitter))
         reply = ask(model)
     assert [call.name for call in reply.calls] == ["list_reports"]
     assert len(fake.seen) == 3
@@ -350,7 +375,10 @@ EXPECTED = {
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
-    tmp_path: Path, provider: str, kind: str
+    tmp_path: Path,
+    provider: str,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Context overflow, overload, refusal or a cut-off call: a ModelError saying what to do,
     four saved turns, no issue filed; a context overflow resumed with a policy finishes."""
@@ -367,10 +395,10 @@ def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
         fake.errors[5] = [too_long(provider)]
     elif kind == "overloaded":
         fake.errors[5] = failing(provider, OVERLOADED[provider], 2, **{"retry-after": "3"})
-    sleeps = Sleeps()
+    sleeps = Sleeps(caplog)
     store = FileStore(store_dir)
     with serving(fake):
-        retry = Retry(attempts=2, sleep=sleeps, jitter=no_jitter)
+        retry = Retry(attempts=2, jitter=no_jitter)
         model = provider_model(provider, fake.base_url, retry=retry)
         agent = build_agent(world=world, store=store, approver=PolicyApprover(), model=model)
 

@@ -16,9 +16,9 @@ call's arguments or not (the partial call is never run: nothing is saved).
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
+import logging
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -31,6 +31,8 @@ from ..errors import ModelError
 from ..state import Usage
 from . import CallLog, Price
 from ._pricing import price_of
+
+log = logging.getLogger("durably.models")
 
 __all__ = [
     "CONTEXT_REMEDY",
@@ -133,14 +135,15 @@ class Retry:
 
     The n-th wait is drawn between half and all of ``min(cap, base * 2**(n-1))``
     seconds, or is the provider's ``retry-after`` when that is longer (up to ``cap``).
+    The waiting is stamina's (``stamina.retry_context``): its testing mode
+    (``stamina.set_testing``) makes every wait zero, and its instrumentation sees
+    each retry.
     """
 
     attempts: int = 5
     """Tries in all, the first included; at least 1."""
     base: float = 1.0
     cap: float = 30.0
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    """Waits between attempts; tests pass a recorder instead."""
     jitter: Callable[[float, float], float] = _jitter
     """Draws a number between its two arguments."""
 
@@ -174,21 +177,34 @@ async def with_retries(
 
     Exceptions ``classify`` does not recognise (it returns None) propagate unchanged.
     """
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await call()
-        except Exception as exc:
-            failure = classify(exc)
-            if failure is None:
-                raise
-            if not failure.transient or attempt >= max(1, retry.attempts):
-                tries = f" (after {attempt} attempts)" if failure.transient else ""
-                raise ModelError(
-                    provider=provider, reason=failure.reason + tries, remedy=failure.remedy
-                ) from exc
-            await retry.sleep(retry.delay(attempt, failure.retry_after))
+    import stamina
+
+    attempts = max(1, retry.attempts)
+    tried = 0
+
+    def backoff(exc: Exception) -> bool | float:
+        # stamina's backoff hook: a float is the wait before the next try, False gives up.
+        failure = classify(exc)
+        if failure is None or not failure.transient or tried >= attempts:
+            return False
+        wait = retry.delay(tried, failure.retry_after)
+        log.info("%s: %s; asking again in %.2f s", provider, failure.reason, wait)
+        return wait
+
+    try:
+        async for attempt in stamina.retry_context(on=backoff, attempts=None, timeout=None):
+            with attempt:
+                tried = attempt.num
+                return await call()
+    except Exception as exc:
+        failure = classify(exc)
+        if failure is None:
+            raise
+        tries = f" (after {tried} attempts)" if failure.transient else ""
+        raise ModelError(
+            provider=provider, reason=failure.reason + tries, remedy=failure.remedy
+        ) from exc
+    raise AssertionError("unreachable: stamina ends with a return or an exception")
 
 
 def _retry_after(exc: Any) -> float | None:

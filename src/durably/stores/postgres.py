@@ -594,34 +594,42 @@ class PostgresStore:
         A write that still fails is ``SaveFailed`` (the old state stays the truth);
         a read that still fails is ``StoreUnavailable``.
         """
+        import stamina
+
         deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
         delay = _RETRY_FIRST
-        while True:
-            try:
-                pool = await self._connect()
-                timeout = max(0.05, deadline - time.monotonic())
-                async with pool.connection(timeout=timeout) as conn:
-                    if conn.autocommit:
-                        return await operation(conn)
-                    async with conn.transaction():
-                        return await operation(conn)
-            except Exception as exc:
-                if not _is_transient(exc):
-                    raise
-                if time.monotonic() + delay >= deadline:
-                    if writes:
-                        raise SaveFailed(
-                            run_id=run_id,
-                            path=self.describe(run_id) if run_id != "-" else self._where,
-                            reason=f"{what}: the database could not be reached ({exc})",
-                        ) from exc
-                    raise StoreUnavailable(
-                        where=f"{self._where} ({what})", reason=str(exc)
-                    ) from exc
-                self.stats.retries += 1
-                log.info("%s: %s; trying again on another connection", what, exc)
-                await asyncio.sleep(delay)
-                delay = min(_RETRY_MAX, delay * 2)
+
+        def backoff(exc: Exception) -> bool | float:
+            # stamina's backoff hook: a float is the wait before the next try, False gives up.
+            nonlocal delay
+            if not _is_transient(exc) or time.monotonic() + delay >= deadline:
+                return False
+            self.stats.retries += 1
+            log.info("%s: %s; trying again on another connection", what, exc)
+            wait, delay = delay, min(_RETRY_MAX, delay * 2)
+            return wait
+
+        try:
+            async for attempt in stamina.retry_context(on=backoff, attempts=None, timeout=None):
+                with attempt:
+                    pool = await self._connect()
+                    timeout = max(0.05, deadline - time.monotonic())
+                    async with pool.connection(timeout=timeout) as conn:
+                        if conn.autocommit:
+                            return await operation(conn)
+                        async with conn.transaction():
+                            return await operation(conn)
+        except Exception as exc:
+            if not _is_transient(exc):
+                raise
+            if writes:
+                raise SaveFailed(
+                    run_id=run_id,
+                    path=self.describe(run_id) if run_id != "-" else self._where,
+                    reason=f"{what}: the database could not be reached ({exc})",
+                ) from exc
+            raise StoreUnavailable(where=f"{self._where} ({what})", reason=str(exc)) from exc
+        raise AssertionError("unreachable: stamina ends with a return or an exception")
 
 
 async def _fetchone(

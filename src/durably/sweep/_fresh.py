@@ -19,7 +19,7 @@ run as ``__main__``) is refused with the reason, before any work.
 
 One socket pair per worker carries multiprocessing's framed messages:
 
-    caller -> worker   sys.path; then the pickled (task, job, config, store)
+    caller -> worker   sys.path; then the pickled (task, warm-up function, job, config, store)
     worker -> caller   ("ready",) after its warm-up, or ("unusable", why)
     caller -> worker   an item                (repeated)
     worker -> caller   ("done", outcome) or ("raised", exception)
@@ -114,13 +114,27 @@ def check_picklable(*parts: object) -> bytes:
         ) from exc
 
 
-def start(jobs: int, task: Callable[[Any], Any], warm_up: tuple[Any, ...]) -> FreshWorkers:
+def start(
+    jobs: int,
+    task: Callable[[Any], Any],
+    warm_up: tuple[Any, ...],
+    *,
+    prepare: Callable[..., object] | None = None,
+) -> FreshWorkers:
     """``jobs`` warmed-up worker interpreters.
+
+    Args:
+        jobs: how many workers.
+        task: what a worker does to each item.
+        warm_up: the arguments of ``prepare``, sent with it.
+        prepare: run as ``prepare(*warm_up)`` once in each worker before it says it
+            is ready (the sweep hands its warm-up run); None for no warm-up.
+            Handed in, so this module needs nothing of the sweep's.
 
     Raises:
         ValueError: the task or job cannot be pickled here, or unpickled there.
     """
-    setup = check_picklable(task, *warm_up)
+    setup = check_picklable(task, prepare, *warm_up)
     processes: list[subprocess.Popen[bytes]] = []
     conns: list[Connection] = []
     try:
@@ -163,19 +177,18 @@ def _stop(processes: list[subprocess.Popen[bytes]], conns: list[Connection]) -> 
 
 def serve(fd: int) -> None:
     """A worker's life: set up, warm up, then do items until the caller hangs up."""
-    from .core import _warm_up
-
     conn = Connection(fd)
     try:
         sys.path[:] = conn.recv()
         try:
             # The caller's own bytes over a socket pair only the two processes hold.
-            task, *warm_up = pickle.loads(conn.recv_bytes())  # noqa: S301
+            task, prepare, *warm_up = pickle.loads(conn.recv_bytes())  # noqa: S301
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
             conn.send(("unusable", f"the job cannot be unpickled in a fresh interpreter ({why})"))
             return
-        _warm_up(*warm_up)
+        if prepare is not None:
+            prepare(*warm_up)
         conn.send(("ready",))
         while True:
             try:

@@ -758,7 +758,7 @@ def _workers(
     if workers == "fresh":
         from . import _fresh
 
-        fresh = _fresh.start(jobs, task, warm_up)
+        fresh = _fresh.start(jobs, task, warm_up, prepare=_warm_up)
         try:
             yield fresh.imap_unordered
         finally:

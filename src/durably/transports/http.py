@@ -24,7 +24,6 @@ httpx is imported when a tool first runs, so ``import durably`` stays light.
 
 from __future__ import annotations
 
-import asyncio
 import string
 from collections.abc import Mapping
 from datetime import timedelta
@@ -33,6 +32,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from ..errors import DurablyError
 from ..state import Effect
 from ..tools import (
     NOT_FOUND,
@@ -61,7 +61,7 @@ _MAX_RETRY_AFTER: Final = 5.0
 _BODY_IN_ERROR: Final = 2000
 
 
-class HttpToolError(Exception):
+class HttpToolError(DurablyError):
     """Raised by an HTTP tool when the service answers with a non-2xx status or cannot be reached.
 
     The loop turns it into an error result the model reads; ``status`` is None
@@ -205,6 +205,14 @@ def _lookup_answer(response: httpx.Response) -> Lookup:
     return Found(response.text)
 
 
+class _AskAgain(Exception):
+    """An answer that asks for the same request again after ``pause`` seconds (502, a busy 409)."""
+
+    def __init__(self, pause: float) -> None:
+        super().__init__(pause)
+        self.pause = pause
+
+
 class _Endpoint:
     """Sends requests with the tool's client, headers, timeout and retry rules."""
 
@@ -226,37 +234,52 @@ class _Endpoint:
         retry_busy: bool,
     ) -> httpx.Response:
         import httpx
+        import stamina
 
         merged = {**self.headers, **headers, **request.pop("headers", {})}
         backoff = 0.2
-        attempt = 0
-        while True:
-            attempt += 1
-            last = attempt >= attempts
-            pause = backoff
-            try:
-                if self.client is not None:
-                    response = await self._request(self.client, method, url, merged, request)
-                else:
-                    async with httpx.AsyncClient() as client:
-                        response = await self._request(client, method, url, merged, request)
-            except httpx.TransportError as exc:
-                if last:
-                    if not isinstance(exc, _unsent_errors()):
-                        # Sent, unanswered: it may have acted. The loop keeps the marker
-                        # and settles the call through the ladder (same key, lookup).
-                        raise ToolInDoubt(_no_answer(method, url, exc)) from exc
-                    raise HttpToolError(_no_answer(method, url, exc)) from exc
+        tried = 0
+
+        def wait_before_next(exc: Exception) -> bool | float:
+            # stamina's backoff hook: a float is the wait before the next try, False gives up.
+            nonlocal backoff
+            if tried >= attempts:
+                return False
+            if isinstance(exc, _AskAgain):
+                pause = exc.pause
+            elif isinstance(exc, httpx.TransportError):
+                pause = backoff
             else:
-                retry_after = response.headers.get("Retry-After", "")
-                # The middleware's "still working on this key": same key again is harmless.
-                busy = retry_busy and response.status_code == 409 and bool(retry_after)
-                if last or not (busy or response.status_code in _RETRY_STATUSES):
-                    return response
-                if retry_after.replace(".", "", 1).isdigit():
-                    pause = min(float(retry_after), _MAX_RETRY_AFTER)
-            await asyncio.sleep(pause)
+                return False
             backoff = min(backoff * 2, _MAX_RETRY_AFTER)
+            return pause
+
+        try:
+            async for attempt in stamina.retry_context(
+                on=wait_before_next, attempts=None, timeout=None
+            ):
+                with attempt:
+                    tried = attempt.num
+                    if self.client is not None:
+                        response = await self._request(self.client, method, url, merged, request)
+                    else:
+                        async with httpx.AsyncClient() as client:
+                            response = await self._request(client, method, url, merged, request)
+                    retry_after = response.headers.get("Retry-After", "")
+                    # The middleware's "still working on this key": same key again is harmless.
+                    busy = retry_busy and response.status_code == 409 and bool(retry_after)
+                    if tried >= attempts or not (busy or response.status_code in _RETRY_STATUSES):
+                        return response
+                    if retry_after.replace(".", "", 1).isdigit():
+                        raise _AskAgain(min(float(retry_after), _MAX_RETRY_AFTER))
+                    raise _AskAgain(backoff)
+        except httpx.TransportError as exc:
+            if not isinstance(exc, _unsent_errors()):
+                # Sent, unanswered: it may have acted. The loop keeps the marker
+                # and settles the call through the ladder (same key, lookup).
+                raise ToolInDoubt(_no_answer(method, url, exc)) from exc
+            raise HttpToolError(_no_answer(method, url, exc)) from exc
+        raise AssertionError("unreachable: stamina ends with a return or an exception")
 
     async def _request(
         self,

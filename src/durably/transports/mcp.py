@@ -40,6 +40,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from ..errors import DurablyError
 from ..state import Effect
 from ..tools import LookupFunction, Tool, ToolContext, ToolFunction, ToolInputError
 
@@ -49,7 +50,7 @@ META_KEY: Final = "io.durably/idempotency-key"
 """The ``_meta`` entry of a ``tools/call`` request that carries the call's idempotency key."""
 
 
-class McpToolError(Exception):
+class McpToolError(DurablyError):
     """Raised by an MCP tool when the server answers with ``isError``; the model reads the text."""
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import faults
+from .._exit import EXIT, runs_dir
 from .._sysio import write_file
 from ..approval import Approver, PolicyApprover, TerminalApprover
 from ..decisions import AskLater
@@ -125,8 +126,6 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
 
     Progress goes to ``console``; usage errors go to ``errors`` (default: stderr).
     """
-    from ..cli import EXIT, runs_dir
-
     errors = errors or Console(stderr=True)
     if args.task not in TASKS:
         errors.print(f"[red]error:[/red] unknown task {args.task!r}; tasks: {', '.join(TASKS)}")
@@ -237,8 +236,6 @@ def _model_spec(asked: str | None, world: World, *, resuming: bool) -> str:
 
 
 def _report(outcome: Outcome, world: World, store_dir: Path, console: Console) -> int:
-    from ..cli import EXIT
-
     state = outcome.state
     if outcome.status == "paused":
         console.print(

@@ -45,6 +45,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from ..errors import FieldsPickle
+
 __all__ = [
     "DEFAULT_KEY_TTL",
     "AlreadyFiled",
@@ -120,7 +122,7 @@ _SCHEMA = (
 # -- errors -------------------------------------------------------------------
 
 
-class TrackerError(Exception):
+class TrackerError(FieldsPickle, Exception):
     """Root of the errors the tracker answers with; a tool shows the message to the model."""
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from .._sysio import write_file
+from ..errors import FieldsPickle
 from ..stores._guard import make_private_directories
 from .tracker import DEFAULT_KEY_TTL, Clock, Tracker
 
@@ -60,7 +61,7 @@ _PRIVATE_DIR = 0o700
 """The world's own directory (and ``worlds/``): no other user reads into it."""
 
 
-class WorldError(Exception):
+class WorldError(FieldsPickle, Exception):
     """Raised when a world or a task cannot be set up as asked; the message says why."""
 
 

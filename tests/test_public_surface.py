@@ -1,0 +1,215 @@
+"""The public surface: every exception pickles with its fields; ``__all__`` says what is public."""
+
+from __future__ import annotations
+
+import collections.abc
+import importlib
+import inspect
+import pickle
+import pkgutil
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import durably
+from durably.errors import DurablyError
+
+_SKIPPED_PACKAGES = ("durably.triage.sample",)
+"""Package data the triage agent edits in its own workspace, not durably's code."""
+
+
+def _modules() -> Iterator[ModuleType]:
+    """Every module of the durably package tree, imported."""
+    yield durably
+    for info in pkgutil.walk_packages(durably.__path__, prefix="durably."):
+        if info.name.startswith(_SKIPPED_PACKAGES) or info.name == "durably.__main__":
+            continue
+        yield importlib.import_module(info.name)
+
+
+def _exception_classes() -> list[type[BaseException]]:
+    """Every exception class defined in the package tree, found by introspection."""
+    found: dict[str, type[BaseException]] = {}
+    for module in _modules():
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and sys.modules.get(value.__module__) is not None
+                and _defined_in(value) == module.__name__
+            ):
+                found[f"{module.__name__}.{value.__qualname__}"] = value
+    return [found[name] for name in sorted(found)]
+
+
+def _defined_in(cls: type) -> str:
+    """The module whose source defines ``cls`` (some classes claim ``durably`` instead)."""
+    module = inspect.getmodule(cls)
+    if module is not None and module.__name__ != "durably":
+        return module.__name__
+    # `__module__ = "durably"`: the class's code object knows its real file.
+    source = inspect.getsourcefile(cls)
+    for name, candidate in sys.modules.items():
+        if name.startswith("durably") and getattr(candidate, "__file__", None) == source:
+            return name
+    return cls.__module__
+
+
+EXCEPTIONS = _exception_classes()
+
+
+def _sample(annotation: Any, name: str) -> Any:
+    """A value of the annotated type, distinct per parameter so a swapped field shows."""
+    options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if options and typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        annotation = options[0]  # `int | None`: an int
+    origin = typing.get_origin(annotation) or annotation
+    if origin is str:
+        return f"{name}-value"
+    if origin is bool:
+        return True
+    if origin is int:
+        return len(name) + 40
+    if origin is float:
+        return len(name) + 0.5
+    if origin in (list, collections.abc.Sequence, collections.abc.Iterable):
+        return [f"{name}-1", f"{name}-2"]
+    raise AssertionError(f"no sample for a parameter {name!r}: {annotation!r}; add one here")
+
+
+def _build(cls: type[BaseException]) -> BaseException:
+    """An instance of ``cls`` with every ``__init__`` parameter filled in."""
+    if cls.__init__ is BaseException.__init__:
+        return cls("a message")
+    hints = typing.get_type_hints(cls.__init__)
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for parameter in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        value = _sample(hints.get(parameter.name, parameter.annotation), parameter.name)
+        if parameter.kind is parameter.KEYWORD_ONLY:
+            keywords[parameter.name] = value
+        else:
+            positional.append(value)
+    return cls(*positional, **keywords)
+
+
+def test_the_walk_finds_the_exception_classes() -> None:
+    """The introspective walk finds the known classes of every kind (a broken walk finds none)."""
+    names = {cls.__name__ for cls in EXCEPTIONS}
+    print(f"{len(EXCEPTIONS)} exception classes in the durably package tree")
+    assert {"RunNotFound", "HttpToolError", "McpToolError", "KeyConflict", "StreamCut"} <= names
+    assert len(EXCEPTIONS) >= 40
+
+
+@pytest.mark.parametrize("cls", EXCEPTIONS, ids=lambda cls: cls.__qualname__)
+def test_every_exception_pickles_with_its_fields(cls: type[BaseException]) -> None:
+    """An exception survives a pickle round trip with its class, message and every field."""
+    error = _build(cls)
+    copy = pickle.loads(pickle.dumps(error))  # noqa: S301 -- our own bytes
+    assert type(copy) is cls
+    assert str(copy) == str(error)
+    assert copy.args == error.args
+    assert vars(copy) == vars(error)
+
+
+def test_fields_survive_a_round_trip() -> None:
+    """A field set by the constructor, not only the message, comes back after pickling."""
+    error = durably.RunNotFound(run_id="r-1", where="/state")
+    copy = pickle.loads(pickle.dumps(error))  # noqa: S301 -- our own bytes
+    assert (copy.run_id, copy.where) == ("r-1", "/state")
+
+
+def test_transport_errors_are_durably_errors() -> None:
+    """A remote tool's failure is a ``DurablyError`` and still an ``Exception``."""
+    from durably.transports import HttpToolError, McpToolError
+
+    for cls in (HttpToolError, McpToolError):
+        assert issubclass(cls, DurablyError)
+    with pytest.raises(HttpToolError) as caught:
+        raise HttpToolError("503 from the service", status=503)
+    assert caught.value.status == 503
+
+
+def test_all_is_sorted_and_importable() -> None:
+    """``durably.__all__`` is sorted (constants, classes, functions) and every name imports."""
+    names = durably.__all__
+
+    def kind_then_name(name: str) -> tuple[int, str]:
+        return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+    assert list(names) == sorted(set(names), key=kind_then_name)
+    for name in names:
+        assert getattr(durably, name) is not None, name
+
+
+def test_classes_claiming_durably_are_exported() -> None:
+    """A class whose ``__module__`` is ``durably`` can be imported from ``durably``."""
+    claiming = {
+        cls.__qualname__
+        for module in _modules()
+        for cls in vars(module).values()
+        if isinstance(cls, type) and cls.__module__ == "durably"
+    }
+    assert claiming
+    assert sorted(claiming - set(durably.__all__)) == []
+
+
+def test_every_public_error_is_exported() -> None:
+    """Every error class in ``durably.errors.__all__`` is exported from ``durably``."""
+    from durably import errors
+
+    raised = [
+        name
+        for name in errors.__all__
+        if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), Exception)
+    ]
+    assert raised
+    assert sorted(set(raised) - set(durably.__all__)) == []
+
+
+def test_postgres_store_is_exported_lazily() -> None:
+    """``durably.PostgresStore`` is the store class, kept out of ``__all__`` (a star import
+    must not need psycopg)."""
+    from durably.stores.postgres import PostgresStore
+
+    assert "PostgresStore" not in durably.__all__
+    assert durably.PostgresStore is PostgresStore
+
+
+def test_closed_sets_load_from_old_checkpoints_as_enums() -> None:
+    """A checkpoint written when ``kind`` and ``outcome`` were plain strings loads as the enums
+    and writes back the same bytes."""
+    from durably.state import ApprovalKind, ResolutionOutcome, decode_state, encode_state
+
+    old = (
+        b'{"format":1,"run_id":"r1","task":"t","created_at":"2026-01-01T00:00:00Z",'
+        b'"phase":"paused","pending":{"c1":{"call_id":"c1","tool":"file_issue",'
+        b'"arguments":"{}","asked_at":"2026-01-01T00:00:01Z","kind":"resolve",'
+        b'"why":"no lookup"},"c2":{"call_id":"c2","tool":"file_issue","arguments":"{}",'
+        b'"asked_at":"2026-01-01T00:00:02Z"}},'
+        b'"resolutions":{"c0":{"step":2,"outcome":"not-found"}}}'
+    )
+    state = decode_state(old)
+    assert state.pending["c1"].kind is ApprovalKind.RESOLVE
+    assert state.pending["c2"].kind is ApprovalKind.APPROVE
+    assert state.resolutions["c0"].outcome is ResolutionOutcome.NOT_FOUND
+    assert encode_state(state) == old
+
+
+def test_a_value_outside_a_closed_set_is_corrupt() -> None:
+    """An outcome no durably writes is refused as a corrupt checkpoint, naming the field."""
+    from durably.state import decode_state
+
+    bad = (
+        b'{"format":1,"run_id":"r1","task":"t","created_at":"2026-01-01T00:00:00Z",'
+        b'"resolutions":{"c0":{"step":2,"outcome":"maybe"}}}'
+    )
+    with pytest.raises(durably.CheckpointCorrupt, match="outcome"):
+        decode_state(bad)

@@ -1,0 +1,68 @@
+"""The public API as a user's type checker sees it: checked by mypy (strict), never run.
+
+Each ``assert_type`` states a type a user relies on; each ``type: ignore[code]``
+states a misuse the checker must refuse (strict mypy reports an ignore that
+is not needed, so a refusal that stops happening fails the check).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import assert_type
+
+import durably
+from durably.state import ApprovalKind, ResolutionOutcome, RunState
+from durably.stores.postgres import PostgresStore
+from durably.transports import HttpToolError, McpToolError
+
+
+async def postgres_store_is_a_class() -> None:
+    """``durably.PostgresStore`` (loaded lazily at run time) is the store class to mypy."""
+    store = durably.PostgresStore("postgresql:///runs", lease=timedelta(seconds=30))
+    assert_type(store, PostgresStore)
+    _handle, state = await store.open("run-1")
+    assert_type(state, RunState)
+    durably.PostgresStore(lease=30)  # type: ignore[arg-type]
+
+
+def errors_keep_typed_fields(error: durably.DurablyError) -> None:
+    """Fields of an error are typed attributes, and its constructor takes keywords only."""
+    if isinstance(error, durably.RunNotFound):
+        assert_type(error.run_id, str)
+        assert_type(error.where, str)
+    if isinstance(error, durably.LimitExceeded):
+        assert_type(error.limit, float)
+    if isinstance(error, HttpToolError):
+        assert_type(error.status, int | None)
+    durably.RunNotFound("run-1", "here")  # type: ignore[call-arg]
+
+
+def transport_errors_are_durably_errors() -> None:
+    """A remote tool's error is caught by ``except durably.DurablyError``."""
+    error: durably.DurablyError = HttpToolError("503", status=503)
+    other: durably.DurablyError = McpToolError("refused")
+    base: durably.StorageError = durably.StoreUnavailable(where="db", reason="down")
+    assert_type(error, durably.DurablyError)
+    assert_type(other, durably.DurablyError)
+    assert_type(base, durably.StorageError)
+
+
+def closed_sets_are_enums(state: RunState) -> None:
+    """Saved questions and resolutions carry enums, not free strings."""
+    for question in state.pending.values():
+        assert_type(question.kind, ApprovalKind)
+    for resolution in state.resolutions.values():
+        assert_type(resolution.outcome, ResolutionOutcome)
+    state.resolutions["c1"] = durably.state.Resolution(step=1, outcome="rerun")  # type: ignore[arg-type]
+
+
+def agent_takes_keywords(model: durably.Model, store: durably.FileStore) -> durably.Agent:
+    """An agent is built from keywords; a store is any ``Store``."""
+    agent = durably.Agent(model=model, tools=[], store=store, limits=durably.Limits())
+    durably.Agent(model, [], store)  # type: ignore[call-arg]
+    return agent
+
+
+def version_is_a_string() -> None:
+    """``durably.__version__`` is a ``str``."""
+    assert_type(durably.__version__, str)
