@@ -275,7 +275,7 @@ def _masked(text: str) -> tuple[str, dict[str, int]]:
     lines, sizes = [], {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 10 and fields[1] == "2":
+        if len(fields) == 11 and fields[1] == "2":  # a depth-2 row (the last column: errors)
             sizes[fields[0]] = int(fields[2])
             fields[2:5] = ["~", "~", "~"]
             line = " ".join(fields)

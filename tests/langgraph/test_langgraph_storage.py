@@ -88,7 +88,10 @@ def test_a_200_step_graph_writes_only_what_each_step_changed(tmp_path: Path) -> 
     sizes = [written for written, _, _ in saver.puts]
     early, late = sizes[2:52], sizes[-50:]
     assert statistics.median(late) <= 1.2 * statistics.median(early), (early, late)
-    assert max(late) <= 1.2 * max(early)
+    # The largest late step may hold two steps' records when LangGraph's writer thread
+    # flushes them together (seen once in a loaded full run: 3,350 bytes against 1,943);
+    # a step storing the history would be about a hundred times the early ones.
+    assert max(late) <= 2 * max(early)
     total = sum(sizes)
     assert total <= 0.05 * saver.whole, (total, saver.whole)
     print(
