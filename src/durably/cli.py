@@ -24,7 +24,6 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -43,7 +42,7 @@ from .errors import (
     OwnershipError,
 )
 from .keys import validate_run_id
-from .state import RunState, encode_state, utcnow
+from .state import RunState, age, encode_state
 from .stores.file import FileStore
 from .stores.journal import JournalStore
 
@@ -57,17 +56,6 @@ __all__ = ["EXIT", "main"]
 
 _EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 3 paused (waiting for a person),
 4 locked (another process owns the run), 5 limit reached, 6 finished but checks failed"""
-
-
-def _age(when: datetime | None) -> str:
-    if when is None:
-        return "-"
-    seconds = int((utcnow() - when).total_seconds())
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    return f"{seconds // 3600}h ago"
 
 
 def show(state: RunState, console: Console) -> None:
@@ -94,12 +82,12 @@ def show(state: RunState, console: Console) -> None:
     if in_flight is not None:
         table.add_row(
             "model call",
-            f"turn {in_flight.turn} asked {_age(in_flight.asked_at)}, "
+            f"turn {in_flight.turn} asked {age(in_flight.asked_at)}, "
             f"up to ${in_flight.worst_dollars:.4f}",
         )
     table.add_row("restarts", str(state.resumes))
     table.add_row("created", state.created_at.isoformat(timespec="seconds"))
-    table.add_row("last saved", _age(state.saved_at))
+    table.add_row("last saved", age(state.saved_at))
     if state.answer is not None:
         table.add_row("answer", state.answer[:300])
     if state.stop_reason:
@@ -114,7 +102,7 @@ def show(state: RunState, console: Console) -> None:
             question = (
                 "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}"
             )
-            pending.add_row(approval.call_id, approval.tool, question, _age(approval.asked_at))
+            pending.add_row(approval.call_id, approval.tool, question, age(approval.asked_at))
         console.print(pending)
 
     if state.markers:
@@ -123,7 +111,7 @@ def show(state: RunState, console: Console) -> None:
             markers.add_column(column)
         for call_id, marker in state.markers.items():
             files = ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-"
-            markers.add_row(call_id, marker.tool, marker.key, _age(marker.started_at), files)
+            markers.add_row(call_id, marker.tool, marker.key, age(marker.started_at), files)
         console.print(markers)
 
     reply = state.last_reply()
@@ -167,7 +155,7 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
             str(state.turns),
             f"${state.dollars:.4f}",
             str(state.resumes),
-            _age(state.saved_at),
+            age(state.saved_at),
         )
     console.print(table)
     return unreadable

@@ -55,6 +55,18 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def age(when: datetime | None) -> str:
+    """How long ago ``when`` was, for people (``-`` when unknown): ``42s ago``, ``3m ago``."""
+    if when is None:
+        return "-"
+    seconds = int((utcnow() - when).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
 class Phase(enum.StrEnum):
     """The loop's next move. Values are stable on disk."""
 

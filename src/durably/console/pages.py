@@ -14,12 +14,11 @@ import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from urllib.parse import quote
 
 from ..decisions import Question, questions
 from ..keys import idempotency_key
-from ..state import AssistantMessage, Phase, RunState, ToolResult, UserMessage, utcnow
+from ..state import AssistantMessage, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = ["FileCheck", "Page", "e", "questions_page", "run_page", "runs_page"]
 
@@ -27,17 +26,6 @@ __all__ = ["FileCheck", "Page", "e", "questions_page", "run_page", "runs_page"]
 def e(text: object) -> str:
     """``text`` escaped for HTML, quotes included."""
     return html.escape(str(text), quote=True)
-
-
-def _age(when: datetime | None) -> str:
-    if when is None:
-        return "-"
-    seconds = int((utcnow() - when).total_seconds())
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    return f"{seconds // 3600}h ago"
 
 
 def _pretty(arguments: str) -> str:
@@ -143,7 +131,7 @@ def runs_page(
             f"<td>{state.turns}</td>"
             f"<td>${state.dollars:.4f}</td>"
             f"<td>{state.resumes}</td>"
-            f"<td>{e(_age(state.saved_at))}</td>"
+            f"<td>{e(age(state.saved_at))}</td>"
             f"<td>{waiting if waiting else ''}</td>"
             "</tr>"
         )
@@ -166,7 +154,7 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
         f"<strong>{e(kind)}</strong>: <code>{e(question.tool)}</code> "
         f'<span class="effect-{e(question.effect or "")}">{e(question.effect or "")}</span> '
         f'<span class="dim">call {e(question.call_id)} · key {e(question.key)} · '
-        f"asked {e(_age(question.asked_at))}"
+        f"asked {e(age(question.asked_at))}"
         + (
             f" · attempt started {e(question.started_at.isoformat())}"
             if question.started_at
@@ -369,7 +357,7 @@ def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) ->
         ),
         ("restarts", str(state.resumes)),
         ("created", e(state.created_at.isoformat(timespec="seconds"))),
-        ("last saved", e(_age(state.saved_at))),
+        ("last saved", e(age(state.saved_at))),
     ]
     if state.stop_reason:
         facts.append(("stopped", e(state.stop_reason)))
