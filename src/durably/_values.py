@@ -1,6 +1,6 @@
 """Checks for values that user code hands to durably, before any of them is saved.
 
-A checkpoint durably wrote must always load again (SPEC section 10), so text
+A checkpoint durably wrote must always load again (docs/concepts.md), so text
 entering the state must be a ``str`` that UTF-8 can encode: Python strings may
 hold lone surrogates (from ``os.fsdecode``, ``surrogateescape`` or a careless
 slice of UTF-16), which JSON encoders refuse. These helpers say whether a value

@@ -1,4 +1,4 @@
-"""The person's commands: ``durably pending``, ``answer``, ``resume`` and ``console`` (SPEC §12).
+"""The person's commands: ``durably pending``, ``answer``, ``resume`` and ``console``.
 
 Each works on a store given as
 

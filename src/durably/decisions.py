@@ -1,4 +1,4 @@
-"""The person's side (SPEC section 12): open questions, and answers saved as decisions.
+"""The person's side (docs/concepts.md): open questions, and answers saved as decisions.
 
 A run that waits for a person is saved as paused with its questions in
 ``RunState.pending``. :func:`questions` lists them; :func:`answer` saves a

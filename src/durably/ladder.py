@@ -2,7 +2,7 @@
 
 A call is in doubt when its attempt marker was saved but its result was not: it
 may or may not have acted. Each step is tried only if the one before cannot
-decide (SPEC section 6):
+decide (docs/concepts.md, "The ladder"):
 
 1. rerun when a repeat is harmless: ``read`` or ``idempotent``, or ``keyed``
    while the service still remembers the key;

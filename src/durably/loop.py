@@ -2,7 +2,7 @@
 
 :class:`Agent` runs a model and its tools against a store. ``run(task)`` starts
 a run; ``resume(run_id)`` carries one on in any later process. The loop writes
-the state at five save points (SPEC section 4):
+the state at five save points (docs/concepts.md, "Save points"):
 
 1. start: a new run, before the first model call;
 2. reply: a model reply with its call IDs and usage, before any call runs;
@@ -479,7 +479,7 @@ class _Driver:
         """Count and save this restart before anything else happens.
 
         A run whose last save was a pause is waiting for a person, not crashing:
-        opening it again is not a restart (SPEC section 4), and nothing is saved.
+        opening it again is not a restart (docs/concepts.md, "Limits"), and nothing is saved.
         A model call marker left by a process that died waiting for its reply is
         counted here at its worst case, saved with the count.
         """

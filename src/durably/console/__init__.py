@@ -1,4 +1,4 @@
-"""``durably console``: a local web page over a store (SPEC section 12).
+"""``durably console``: a local web page over a store (docs/concepts.md).
 
 Runs, a run's timeline, the workspace files it recorded, and the open questions
 with forms to answer them. Pages are rendered on the server (:mod:`.pages`,
