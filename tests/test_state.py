@@ -81,11 +81,13 @@ FIELDS[Decision] = {
     "approved": st.booleans(),
     "reason": maybe_text,
     "decided_at": st.none() | moments,
+    "by": maybe_text,
 }
 FIELDS[Resolution] = {
     "step": st.integers(min_value=1, max_value=3),
     "outcome": st.sampled_from(["rerun", "found", "not-found", "done"]),
     "detail": maybe_text,
+    "by": maybe_text,
 }
 FIELDS[ToolPrint] = {
     "name": text,
@@ -131,6 +133,7 @@ FIELDS[RunState] = {
     "answered_at": st.none() | moments,
     "pending": st.dictionaries(text, st.builds(Approval, **FIELDS[Approval]), max_size=2),
     "decisions": st.dictionaries(text, st.builds(Decision, **FIELDS[Decision]), max_size=2),
+    "approvals_given": st.dictionaries(text, st.builds(Decision, **FIELDS[Decision]), max_size=2),
     "markers": st.dictionaries(text, st.builds(AttemptMarker, **FIELDS[AttemptMarker]), max_size=2),
     "resolutions": st.dictionaries(text, st.builds(Resolution, **FIELDS[Resolution]), max_size=2),
     "workspace": st.dictionaries(text, hex64, max_size=3),
