@@ -202,6 +202,21 @@ def test_invalid_json_in_tool_arguments_saves_and_loads(store: durably.FileStore
     assert reply.calls[0].arguments == broken
 
 
+def test_a_checkpoint_from_before_who_answered_loads() -> None:
+    """A saved state with decisions and resolutions but no ``by``/``approvals_given`` loads."""
+    written_before = (
+        b'{"format":1,"run_id":"r1","task":"t","created_at":"2026-01-02T03:04:05Z",'
+        b'"decisions":{"c1":{"approved":false,"reason":"no"}},'
+        b'"resolutions":{"c2":{"step":3,"outcome":"done","detail":"decided"}}}'
+    )
+    state = decode_state(written_before)
+    assert state.decisions["c1"] == Decision(approved=False, reason="no")
+    assert state.decisions["c1"].by is None
+    assert state.resolutions["c2"].by is None
+    assert state.approvals_given == {}
+    assert b"by" not in encode_state(state)  # and it saves back as it was
+
+
 def test_a_newer_format_is_refused_as_too_new() -> None:
     """A state of a newer format than this code knows raises CheckpointTooNew naming both."""
     document = msgspec.json.decode(encode_state(state_b("r1")))
