@@ -14,10 +14,11 @@ from starlette.testclient import TestClient
 
 import durably
 from durably.cli_person import StoreChoice
+from durably.console.pages import Page, run_page
 from durably.console.server import create_app
 from durably.decisions import answer
 from durably.errors import StoreUnavailable
-from durably.state import Phase
+from durably.state import Phase, Resolution, ResolutionOutcome
 from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 
@@ -223,3 +224,16 @@ def test_a_store_that_fails_is_a_page_saying_so(
     assert response.status_code == 503
     assert "the store failed" in response.text
     assert "the disk went away" in response.text
+
+
+def test_a_step_3_resolution_shows_who_answered(tmp_path: Path) -> None:
+    """A call a person settled shows "answered by X" on the run's timeline, escaped."""
+    runs = tmp_path / "runs"
+    paused_run(runs)
+    store = FileStore(runs)
+    state = store.read_sync(RUN)
+    state.resolutions["c1"] = Resolution(
+        step=3, outcome=ResolutionOutcome.DONE, detail="decided", by="<i>carol</i>"
+    )
+    page = run_page(Page(store="runs", token=None, read_only=True), state, None)
+    assert "→ done · decided · answered by &lt;i&gt;carol&lt;/i&gt;" in page
