@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import os
@@ -107,7 +108,10 @@ def test_an_approval_round_trip_finishes_a_paused_run_of_the_users_agent(
     assert "Refunded 25.00 on order 1042." in resumed.stdout
     ledger = (tmp_path / "refunds.jsonl").read_text().splitlines()
     assert [json.loads(line)["order"] for line in ledger] == ["1042"]
-    assert FileStore(tmp_path / "runs").read_sync(paused_refund).phase == "done"
+    finished = FileStore(tmp_path / "runs").read_sync(paused_refund)
+    assert finished.phase == "done"
+    given = finished.approvals_given["call-refund-1042"]
+    assert (given.approved, given.by) == (True, f"{getpass.getuser()} (durably answer)")
     listed_runs = run(tmp_path, "runs", "runs/")
     assert paused_refund in listed_runs.stdout
     assert "done" in listed_runs.stdout
@@ -235,9 +239,11 @@ class Poster:
 
 
 def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
-    tmp_path: Path, run: Callable[..., Result]
+    tmp_path: Path, run: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pending shows why the ladder stopped; done --result becomes the call's result, no rerun."""
+    """pending shows why the ladder stopped; done --result becomes the call's result, no rerun;
+    the step-3 resolution records the OS user who answered."""
+    monkeypatch.setenv("LOGNAME", "alice")  # getpass.getuser() reads LOGNAME first
     poster = Poster()
     outcome = poster.agent(tmp_path / "runs").run_sync("post hello", run_id="post-1")
     assert outcome.status == "paused"
@@ -262,6 +268,7 @@ def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
     assert poster.posts == 1
     results = [m.content for m in finished.state.messages if isinstance(m, ToolResult)]
     assert results == ["note #7"]
+    assert finished.state.resolutions["c1"].by == "alice (durably answer)"
 
 
 def test_pending_prints_model_text_literally(tmp_path: Path, run: Callable[..., Result]) -> None:

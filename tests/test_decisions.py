@@ -93,6 +93,48 @@ def test_an_answered_approval_lets_the_resume_run_the_call_once(store: FileStore
     assert (outcome.status, outcome.answer, ledger.refunds) == ("done", "all done", ["1042"])
 
 
+def test_who_answered_is_saved_and_kept_after_the_run_finished(store: FileStore) -> None:
+    """``answer(by=...)`` saves who answered; the run-long record keeps it after the reply."""
+    ledger = Ledger()
+    paused(store, ledger)
+
+    asyncio.run(
+        answer(
+            store,
+            run_id=RUN,
+            call_id="c1",
+            decision=durably.No("not this order"),
+            clock=clock,
+            by="alice (durably answer)",
+        )
+    )
+
+    saved = store.read_sync(RUN)
+    assert saved.decisions["c1"].by == "alice (durably answer)"
+    assert saved.approvals_given == saved.decisions
+    asyncio.run(build(store, ledger).resume(RUN))
+    finished = store.read_sync(RUN)
+    assert (finished.phase, finished.decisions) == (Phase.DONE, {})
+    assert finished.approvals_given["c1"] == durably.state.Decision(
+        approved=False, reason="not this order", decided_at=NOW, by="alice (durably answer)"
+    )
+
+
+@pytest.mark.parametrize("given", [durably.Rerun(), durably.Done("posted (seen by a person)")])
+def test_who_settled_an_in_doubt_call_is_saved_with_its_resolution(
+    store: FileStore, given: durably.Answer
+) -> None:
+    """A step-3 answer keeps ``by`` on its resolution through the resume."""
+    ledger = Ledger()
+    paused(store, ledger, in_doubt=True)
+
+    asyncio.run(answer(store, run_id=RUN, call_id="c1", decision=given, clock=clock, by="bob"))
+    asyncio.run(build(store, ledger, in_doubt=True).resume(RUN))
+
+    resolution = store.read_sync(RUN).resolutions["c1"]
+    assert (resolution.step, resolution.by) == (3, "bob")
+
+
 def test_a_refusal_reaches_the_model_and_the_call_never_runs(store: FileStore) -> None:
     """An approval answered with no gives the model the reason; the call does not run."""
     ledger = Ledger()
@@ -134,7 +176,11 @@ def test_an_in_doubt_call_is_rerun_or_taken_as_done(
 def test_an_answer_is_the_same_decision_as_resume_with_decisions(
     tmp_path: Path, given: durably.Answer
 ) -> None:
-    """Answering then resuming ends in the same state as ``resume(decisions=)`` with that answer."""
+    """Answering then resuming ends in the same state as ``resume(decisions=)`` with that answer.
+
+    Both name nobody (``by`` None: ``resume(decisions=)`` takes no ``by``), so the states,
+    ``approvals_given`` and ``by`` included, must be equal byte for byte.
+    """
     in_doubt = not isinstance(given, durably.Yes)
     one, two = FileStore(tmp_path / "one"), FileStore(tmp_path / "two")
     paused(one, Ledger(), in_doubt=in_doubt)

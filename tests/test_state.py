@@ -81,11 +81,13 @@ FIELDS[Decision] = {
     "approved": st.booleans(),
     "reason": maybe_text,
     "decided_at": st.none() | moments,
+    "by": maybe_text,
 }
 FIELDS[Resolution] = {
     "step": st.integers(min_value=1, max_value=3),
     "outcome": st.sampled_from(["rerun", "found", "not-found", "done"]),
     "detail": maybe_text,
+    "by": maybe_text,
 }
 FIELDS[ToolPrint] = {
     "name": text,
@@ -131,6 +133,7 @@ FIELDS[RunState] = {
     "answered_at": st.none() | moments,
     "pending": st.dictionaries(text, st.builds(Approval, **FIELDS[Approval]), max_size=2),
     "decisions": st.dictionaries(text, st.builds(Decision, **FIELDS[Decision]), max_size=2),
+    "approvals_given": st.dictionaries(text, st.builds(Decision, **FIELDS[Decision]), max_size=2),
     "markers": st.dictionaries(text, st.builds(AttemptMarker, **FIELDS[AttemptMarker]), max_size=2),
     "resolutions": st.dictionaries(text, st.builds(Resolution, **FIELDS[Resolution]), max_size=2),
     "workspace": st.dictionaries(text, hex64, max_size=3),
@@ -197,6 +200,21 @@ def test_invalid_json_in_tool_arguments_saves_and_loads(store: durably.FileStore
     reply = loaded.messages[-1]
     assert isinstance(reply, AssistantMessage)
     assert reply.calls[0].arguments == broken
+
+
+def test_a_checkpoint_from_before_who_answered_loads() -> None:
+    """A saved state with decisions and resolutions but no ``by``/``approvals_given`` loads."""
+    written_before = (
+        b'{"format":1,"run_id":"r1","task":"t","created_at":"2026-01-02T03:04:05Z",'
+        b'"decisions":{"c1":{"approved":false,"reason":"no"}},'
+        b'"resolutions":{"c2":{"step":3,"outcome":"done","detail":"decided"}}}'
+    )
+    state = decode_state(written_before)
+    assert state.decisions["c1"] == Decision(approved=False, reason="no")
+    assert state.decisions["c1"].by is None
+    assert state.resolutions["c2"].by is None
+    assert state.approvals_given == {}
+    assert b"by" not in encode_state(state)  # and it saves back as it was
 
 
 def test_a_newer_format_is_refused_as_too_new() -> None:

@@ -263,7 +263,7 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
 
     async def save() -> None:
         async with opened_store(choice) as store:
-            await answer(store, run_id=args.run, call_id=args.call, decision=given)
+            await answer(store, run_id=args.run, call_id=args.call, decision=given, by=_answerer())
 
     asyncio.run(save())  # Locked -> exit 4, AnswerRefused -> exit 1 (cli.main maps them)
     console.print(
@@ -273,6 +273,17 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
         markup=False,
     )
     return EXIT["done"]
+
+
+def _answerer() -> str:
+    """Who answers on the command line: the OS user, as ``getpass.getuser()`` names them."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no LOGNAME/USER and no passwd entry (a bare container)
+        user = "unknown user"
+    return f"{user} (durably answer)"
 
 
 # -- durably resume ----------------------------------------------------------------------

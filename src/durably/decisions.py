@@ -125,8 +125,12 @@ def parse_answer(word: str, *, reason: str | None = None, result: str | None = N
     return Done(result if result else "done (confirmed by a person)")
 
 
-def record_answer(state: RunState, *, call_id: str, decision: Answer, now: datetime) -> None:
+def record_answer(
+    state: RunState, *, call_id: str, decision: Answer, now: datetime, by: str | None = None
+) -> None:
     """Record a person's answer in ``state`` as ``resume(decisions=...)`` records it.
+
+    ``by`` (who answered) is kept with the decision or the step-3 resolution.
 
     Raises:
         AnswerRefused: the question does not stand, or the answer does not fit it;
@@ -153,19 +157,21 @@ def record_answer(state: RunState, *, call_id: str, decision: Answer, now: datet
         )
         raise AnswerRefused(run_id=state.run_id, call_id=call_id, reason=f"the question is {asked}")
     if isinstance(decision, Yes | No):
-        state.decisions[call_id] = Decision(
+        given = Decision(
             approved=isinstance(decision, Yes),
             reason=decision.reason if isinstance(decision, No) else None,
             decided_at=now,
+            by=by,
         )
+        state.decisions[call_id] = state.approvals_given[call_id] = given
     elif isinstance(decision, Rerun):
         state.resolutions[call_id] = Resolution(
-            step=3, outcome=ResolutionOutcome.RERUN, detail="decided"
+            step=3, outcome=ResolutionOutcome.RERUN, detail="decided", by=by
         )
         state.markers.pop(call_id, None)
     else:
         state.resolutions[call_id] = Resolution(
-            step=3, outcome=ResolutionOutcome.DONE, detail="decided"
+            step=3, outcome=ResolutionOutcome.DONE, detail="decided", by=by
         )
         state.messages.append(
             ToolResult(call_id=call.id, name=call.name, content=decision.result, is_error=False)
@@ -205,6 +211,7 @@ async def answer(
     call_id: str,
     decision: Answer,
     clock: Callable[[], datetime] = utcnow,
+    by: str | None = None,
 ) -> RunState:
     """Save a person's answer to one open question of a run, under the run's lock.
 
@@ -215,6 +222,8 @@ async def answer(
         decision: ``Yes()``/``No(reason)`` for an approval, ``Rerun()``/``Done(result)``
             for an in-doubt call.
         clock: the decision's time.
+        by: who answered, kept with the decision (``durably answer`` passes the OS
+            user, the console ``console``); None when unknown.
 
     Returns:
         The state as saved.
@@ -225,7 +234,7 @@ async def answer(
     """
     handle, state = await store.open(run_id)
     try:
-        record_answer(state, call_id=call_id, decision=decision, now=clock())
+        record_answer(state, call_id=call_id, decision=decision, now=clock(), by=by)
         await shielded(handle.save(state))
     finally:
         await shielded(handle.close())

@@ -549,11 +549,12 @@ class _Driver:
                 )
             now = self.agent.clock()
             if isinstance(answer, Yes | No):
-                state.decisions[call_id] = Decision(
+                given = Decision(
                     approved=isinstance(answer, Yes),
                     reason=answer.reason if isinstance(answer, No) else None,
                     decided_at=now,
                 )
+                state.decisions[call_id] = state.approvals_given[call_id] = given
             elif isinstance(answer, Rerun):
                 state.resolutions[call_id] = Resolution(
                     step=3, outcome=ResolutionOutcome.RERUN, detail="decided"
@@ -789,10 +790,11 @@ class _Driver:
             approved=isinstance(answer, Yes),
             reason=answer.reason if isinstance(answer, No) else None,
             decided_at=self.agent.clock(),
+            by=_approver_name(self.agent.approver),
         )
         # Kept in memory only: it is saved with the attempt marker (yes) or the result (no),
         # so a crash in between asks again and leaves nothing to resolve.
-        state.decisions[call.id] = decision
+        state.decisions[call.id] = state.approvals_given[call.id] = decision
         state.pending.pop(call.id, None)
         state.phase = Phase.TOOLS
         self.emit("approved" if decision.approved else "refused", call_id=call.id, tool=tool.name)
@@ -838,7 +840,10 @@ class _Driver:
         if state.phase is Phase.PAUSED and not state.pending:
             state.phase = Phase.TOOLS
         state.resolutions[call.id] = Resolution(
-            step=verdict.step, outcome=ResolutionOutcome(verdict.outcome), detail=verdict.detail
+            step=verdict.step,
+            outcome=ResolutionOutcome(verdict.outcome),
+            detail=verdict.detail,
+            by=_approver_name(self.agent.approver) if verdict.step == 3 else None,
         )
         if verdict.result is not None:
             await self.finish(call, verdict.result, False)
@@ -936,6 +941,15 @@ class _Driver:
                 self.agent.context_policy.apply(state)
         elif state.phase is Phase.PAUSED and not state.pending:
             state.phase = Phase.TOOLS
+
+
+def _approver_name(approver: object) -> str:
+    """How an approver is named where its answers are recorded: its ``name`` attribute
+    when it has a non-empty string one, else its class name (``TerminalApprover``)."""
+    name = getattr(approver, "name", None)
+    if isinstance(name, str) and name.strip():
+        return name
+    return type(approver).__name__
 
 
 def _error_text(exc: BaseException) -> str:

@@ -227,6 +227,9 @@ class Decision(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     approved: bool
     reason: str | None = None
     decided_at: datetime | None = None
+    by: str | None = None
+    """Who answered: the approver's name, ``<user> (durably answer)``, ``console``;
+    None when unknown (``resume(decisions=...)``, a checkpoint older than the field)."""
 
 
 class Resolution(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -237,6 +240,8 @@ class Resolution(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     outcome: ResolutionOutcome
     """``rerun``, ``found``, ``not-found``, ``done`` (a person supplied the result)."""
     detail: str | None = None
+    by: str | None = None
+    """For step 3, who answered (as ``Decision.by``); None for steps 1 and 2 and when unknown."""
 
 
 class ToolPrint(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -294,6 +299,9 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Calls waiting for a person, by call ID."""
     decisions: dict[str, Decision] = {}
     """Approval decisions already made for the current reply, by call ID."""
+    approvals_given: dict[str, Decision] = {}
+    """Every approval decision of the run, by call ID; kept for the run's life (the
+    timeline shows it after ``decisions`` is cleared). Saved with what the decision led to."""
     markers: dict[str, AttemptMarker] = {}
     """Attempt markers of calls that may have acted, by call ID."""
     resolutions: dict[str, Resolution] = {}

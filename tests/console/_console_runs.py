@@ -13,8 +13,8 @@ RUN = "refund-1"
 HOSTILE = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
 
 
-def paused_run(runs: Path) -> None:
-    """A run whose model wrote markup, paused on an approval whose arguments hold markup too."""
+def agent_for(runs: Path) -> Agent:
+    """The agent of :func:`paused_run`, also to resume it."""
 
     @tool(effect=Effect.KEYED, needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
@@ -30,5 +30,10 @@ def paused_run(runs: Path) -> None:
             Reply(text="done"),
         ]
     )
-    agent = Agent(model=model, tools=[refund], store=FileStore(runs), approver=AskLater())
+    return Agent(model=model, tools=[refund], store=FileStore(runs), approver=AskLater())
+
+
+def paused_run(runs: Path) -> None:
+    """A run whose model wrote markup, paused on an approval whose arguments hold markup too."""
+    agent = agent_for(runs)
     assert asyncio.run(agent.run(f"refund {HOSTILE}", run_id=RUN)).status == "paused"

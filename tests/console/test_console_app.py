@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _console_runs import RUN, paused_run
+from _console_runs import HOSTILE, RUN, agent_for, paused_run
 from starlette.testclient import TestClient
 
 import durably
 from durably.cli_person import StoreChoice
+from durably.console.pages import Page, run_page
 from durably.console.server import create_app
 from durably.decisions import answer
 from durably.errors import StoreUnavailable
-from durably.state import Phase
+from durably.state import Phase, Resolution, ResolutionOutcome
 from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 
@@ -104,6 +105,41 @@ def test_an_answer_with_the_token_is_the_same_saved_decision(
     assert "&lt;b&gt;not&lt;/b&gt; now" in shown
 
 
+def test_who_answered_stays_on_the_timeline_after_the_run_finished(
+    client: TestClient, runs: Path
+) -> None:
+    """A console refusal shows as "refused by console ...: reason" once the run is done."""
+    response = client.post(
+        f"/runs/{RUN}/answer",
+        data={"call": "c1", "answer": "no", "reason": "<b>not</b> now", "token": TOKEN},
+    )
+    assert response.status_code == 303
+
+    outcome = asyncio.run(agent_for(runs).resume(RUN))
+
+    assert outcome.status == "done"
+    state = FileStore(runs).read_sync(RUN)
+    assert state.decisions == {}  # the reply moved on: only the run-long record keeps it
+    assert state.approvals_given["c1"].by == "console"
+    page = client.get(f"/runs/{RUN}").text
+    assert re.search(
+        r"approval: refused by console at [0-9T:+-]+: &lt;b&gt;not&lt;/b&gt; now", page
+    ), page
+
+
+def test_an_approver_name_with_markup_renders_as_text(tmp_path: Path) -> None:
+    """Who answered is escaped like everything else on the run page."""
+    runs = tmp_path / "runs"
+    paused_run(runs)
+    asyncio.run(
+        answer(FileStore(runs), run_id=RUN, call_id="c1", decision=durably.Yes(), by=HOSTILE)
+    )
+    for client in client_for(runs):
+        page = client.get(f"/runs/{RUN}").text
+        assert "approval: approved by &lt;script&gt;" in page
+        assert page.count("<script") == 1
+
+
 def test_a_stale_answer_is_refused_with_a_visible_reason(client: TestClient, runs: Path) -> None:
     """An answer to a question answered meanwhile (here by the CLI's function) shows why, 409."""
     asyncio.run(answer(FileStore(runs), run_id=RUN, call_id="c1", decision=durably.Yes()))
@@ -188,3 +224,16 @@ def test_a_store_that_fails_is_a_page_saying_so(
     assert response.status_code == 503
     assert "the store failed" in response.text
     assert "the disk went away" in response.text
+
+
+def test_a_step_3_resolution_shows_who_answered(tmp_path: Path) -> None:
+    """A call a person settled shows "answered by X" on the run's timeline, escaped."""
+    runs = tmp_path / "runs"
+    paused_run(runs)
+    store = FileStore(runs)
+    state = store.read_sync(RUN)
+    state.resolutions["c1"] = Resolution(
+        step=3, outcome=ResolutionOutcome.DONE, detail="decided", by="<i>carol</i>"
+    )
+    page = run_page(Page(store="runs", token=None, read_only=True), state, None)
+    assert "→ done · decided · answered by &lt;i&gt;carol&lt;/i&gt;" in page

@@ -62,6 +62,12 @@ class Deferring(durably.ScriptedApprover):
             out.write(json.dumps({"kind": kind, "call_id": call_id}) + "\n")
 
 
+class OnCall(durably.ScriptedApprover):
+    """An approver that names itself."""
+
+    name = "ops on call"
+
+
 def test_a_crash_while_the_approver_is_asked_asks_again_on_resume(world: World) -> None:
     """A SIGKILL while a person is being asked leaves the run paused, and the resume asks again."""
     job = Job(replies=ONE_WRITE, toolset=NEEDS_YES, approver_class=AskedWhileDying)
@@ -100,6 +106,7 @@ def test_a_crash_while_a_person_settles_an_in_doubt_call_asks_again(world: World
     assert resumed.finished()["answer"] == ANSWER
     assert world.questions("resolve") == ["w1", "w1"]
     assert tool_results(world.state()) == [("w1", PERSON_SAYS, False)]
+    assert world.state().resolutions["w1"].by == "AskedWhileDying"
     assert len(world.receiver().effects("write")) == 1
 
 
@@ -124,6 +131,8 @@ def test_the_attempt_marker_is_saved_only_after_the_yes(
         ["w1"],
     )
     assert attempted.decisions["w1"].approved is True
+    assert attempted.approvals_given["w1"] == attempted.decisions["w1"]
+    assert attempted.approvals_given["w1"].by == "ScriptedApprover"
     assert attempted.markers["w1"].key == durably.idempotency_key(attempted.run_id, "w1")
     assert at_attempt.receiver().effects() == []
 
@@ -145,6 +154,25 @@ def test_a_no_reaches_the_model_as_an_error_and_the_tool_never_runs(world: World
     assert world.state().messages == outcome.state.messages
 
 
+def test_the_approvers_name_is_kept_with_its_decision_for_the_runs_life(world: World) -> None:
+    """An approver's ``name`` is recorded as who answered, and stays after the reply moved on."""
+    job = Job(
+        replies=ONE_WRITE,
+        toolset=NEEDS_YES,
+        approve=(durably.No("needs a manager"),),
+        approver_class=OnCall,
+    )
+
+    outcome = asyncio.run(job.agent(world).run(TASK, name="job"))
+
+    assert outcome.status == "done"
+    saved = world.state()
+    assert saved.decisions == {}
+    given = saved.approvals_given["w1"]
+    assert (given.approved, given.reason, given.by) == (False, "needs a manager", "ops on call")
+    assert given.decided_at is not None
+
+
 def test_a_deferred_approval_pauses_the_run_until_a_decision_is_given(world: World) -> None:
     """An approver answering DEFER leaves the run paused; a Yes() given on resume finishes it."""
     job = Job(replies=ONE_WRITE, toolset=NEEDS_YES, approver_class=Deferring)
@@ -161,6 +189,8 @@ def test_a_deferred_approval_pauses_the_run_until_a_decision_is_given(world: Wor
     assert (done.status, done.answer, done.pending) == ("done", ANSWER, ())
     assert len(world.receiver().effects("write")) == 1
     assert world.questions("approve") == ["w1"]  # the decision came with the resume
+    given = world.state().approvals_given["w1"]
+    assert (given.approved, given.by) == (True, None)  # resume(decisions=) names nobody
 
 
 def test_a_deferred_in_doubt_call_takes_the_persons_result_on_resume(world: World) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from ..decisions import Question, questions
 from ..keys import idempotency_key
-from ..state import AssistantMessage, Phase, RunState, ToolResult, UserMessage, age
+from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = ["FileCheck", "Page", "e", "questions_page", "run_page", "runs_page"]
 
@@ -304,13 +304,13 @@ def _call(
         lines.append(
             f"<div>ladder: step {resolution.step} ({e(step)}) → {e(resolution.outcome)}"
             + (f" · {e(resolution.detail)}" if resolution.detail else "")
+            + (f" · answered by {e(resolution.by)}" if resolution.by else "")
             + "</div>"
         )
-    decision = state.decisions.get(call_id)
+    # approvals_given outlives the reply; decisions alone is what a checkpoint older than it has.
+    decision = state.approvals_given.get(call_id) or state.decisions.get(call_id)
     if decision is not None:
-        verdict = "approved" if decision.approved else f"refused: {decision.reason or ''}"
-        when = decision.decided_at.isoformat() if decision.decided_at else ""
-        lines.append(f"<div>approval: {e(verdict)} <span class='dim'>{e(when)}</span></div>")
+        lines.append(f'<div class="approval">{_approval(decision)}</div>')
     pending = state.pending.get(call_id)
     if pending is not None:
         lines.append("<div><strong>waiting for a person</strong> (see the questions above)</div>")
@@ -322,6 +322,18 @@ def _call(
         )
     doubt = " in-doubt" if marker is not None else ""
     return f'<div class="call{doubt}" id="call-{e(call_id)}">{"".join(lines)}</div>'
+
+
+def _approval(decision: Decision) -> str:
+    """``approved by X at T`` or ``refused by X at T: reason``, escaped."""
+    text = "approved" if decision.approved else "refused"
+    if decision.by:
+        text += f" by {decision.by}"
+    if decision.decided_at:
+        text += f" at {decision.decided_at.isoformat(timespec='seconds')}"
+    if not decision.approved:
+        text += f": {decision.reason or '(no reason given)'}"
+    return f"approval: {e(text)}"
 
 
 def _files(checks: Sequence[FileCheck] | None) -> str:

@@ -179,7 +179,7 @@ def create_app(
         result = str(form.get("result") or "").strip() or None
         try:
             decision = parse_answer(word, reason=reason, result=result)
-            await answer(stores[0], run_id=run_id, call_id=call_id, decision=decision)
+            await answer(stores[0], run_id=run_id, call_id=call_id, decision=decision, by="console")
         except ValueError as exc:
             return await one_run(request, notice=f"answer not saved: {exc}")
         except AnswerRefused as exc:
