@@ -161,3 +161,25 @@ def test_each_check_fails_on_the_world_it_guards_against(
     assert not verdict[name].ok, f"{name} passed a world spoiled for it"
     assert verdict[name].reason
     assert not verdict[name].reason.startswith("could not check"), verdict[name].reason
+
+
+def test_a_reply_lost_before_its_save_may_be_asked_again_once(
+    finished: Finished, tmp_path: Path
+) -> None:
+    """A repeat the run counted as a reply lost before its save is not paid twice; one more is."""
+    world_root = Path(shutil.copytree(finished.world.root, tmp_path / "world"))
+    store_dir = Path(shutil.copytree(finished.store_dir, tmp_path / "runs"))
+    world = World.open(world_root)
+    _append_line(world.model_log, json.dumps({"run_id": RUN_ID, "turn": 3}))
+    lost_once = msgspec.structs.replace(finished.state, unsaved_replies=1)
+
+    def verdict(state: RunState) -> str | None:
+        by_name = {v.name: v for v in run_checks(world=world, state=state, store_dir=store_dir)}
+        return None if by_name["no reply paid twice"].ok else by_name["no reply paid twice"].reason
+
+    assert verdict(lost_once) is None
+    _append_line(world.model_log, json.dumps({"run_id": RUN_ID, "turn": 3}))
+    assert verdict(lost_once) == (
+        "1 model calls asked again for a turn already asked for "
+        "(2 repeats, 1 of them for replies lost before their save)"
+    )

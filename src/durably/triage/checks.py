@@ -211,8 +211,18 @@ def _spending(s: _Scene) -> _Result:
 
 
 def _no_reply_paid_twice(s: _Scene) -> _Result:
-    twice = CallLog(s.world.model_log).paid_twice(s.state.run_id)
-    return f"{twice} model calls asked again for a turn already asked for" if twice else None
+    asked_again = CallLog(s.world.model_log).paid_twice(s.state.run_id)
+    # A reply lost before its save is asked for again, as it must be; the restart that
+    # found its model-call marker counted it (`unsaved_replies`). Any repeat beyond
+    # those asked again for a reply that was saved.
+    twice = asked_again - s.state.unsaved_replies
+    if twice > 0:
+        return (
+            f"{twice} model calls asked again for a turn already asked for "
+            f"({asked_again} repeats, {s.state.unsaved_replies} of them for replies lost "
+            "before their save)"
+        )
+    return None
 
 
 def _keys_on_writes(s: _Scene) -> _Result:
