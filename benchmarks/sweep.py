@@ -32,15 +32,17 @@ import time
 from pathlib import Path
 
 from durably.sweep import CONFIGS, World, run_sweep
-from durably.sweep.core import RUN_ID, Workers, _fork, _SweepApprover
+from durably.sweep.core import RUN_ID, StoreFactory, Workers, _fork, _SweepApprover
 from durably.triage.job import TriageJob
 
 
-def plain_run(job: TriageJob) -> float:
+def plain_run(
+    job: TriageJob, *, store: StoreFactory | None = None, scratch_dir: str | None = None
+) -> float:
     """Seconds for one uncrashed run in a forked process, from a fresh world to its checks."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="durably-bench-") as scratch:
-        world = World(root=Path(scratch), config=CONFIGS[0])
+    with tempfile.TemporaryDirectory(prefix="durably-bench-", dir=scratch_dir) as scratch:
+        world = World(root=Path(scratch), config=CONFIGS[0], store_factory=store)
         job.prepare(world)
 
         def body() -> None:

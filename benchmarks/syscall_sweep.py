@@ -16,37 +16,21 @@ runs one scenario (a traced, killed process, its restarts, its judging) costs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from durably.sweep import CONFIGS, World
-from durably.sweep.core import RUN_ID, _fork, _SweepApprover
+import sweep as sweep_benchmark  # benchmarks/sweep.py, beside this script: its plain run
+
 from durably.sweep.syscalls import _default_scratch, run_syscall_sweep, triage_stores
 from durably.triage.job import TriageJob
 
 
 def plain_run(job: TriageJob, store_name: str) -> float:
     """Seconds for one uncrashed synced run in a forked process, fresh world to judged end."""
-    store = triage_stores()[store_name]
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="durably-bench-", dir=_default_scratch()) as scratch:
-        world = World(root=Path(scratch), config=CONFIGS[0], store_factory=store)
-        job.prepare(world)
-
-        def body() -> None:
-            agent = job.agent(world, _SweepApprover(job, world))
-            asyncio.run(agent.run(job.task(), run_id=RUN_ID))
-
-        if _fork(body) != 0:
-            raise RuntimeError("the plain run failed")
-        failed = job.checks(world, world.store().read_sync(RUN_ID))
-        if failed:
-            raise RuntimeError(f"the plain run failed its checks: {failed}")
-    return time.perf_counter() - started
+    return sweep_benchmark.plain_run(
+        job, store=triage_stores()[store_name], scratch_dir=_default_scratch()
+    )
 
 
 def main() -> None:

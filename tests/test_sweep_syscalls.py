@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -36,7 +35,6 @@ TESTDATA = Path(__file__).parent / "testdata"
 
 STRACE = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=renameat,rename"]
 
-needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 LOG = """\
 100 openat(AT_FDCWD</x>, "/lib/a.so", O_RDONLY|O_CLOEXEC) = 3</lib/a.so>
@@ -153,7 +151,6 @@ def _kill_then_resume(tmp_path: Path, target: Callable[[Call], bool]) -> str:
     return resumed.stdout
 
 
-@needs_strace
 @pytest.mark.slow
 def test_a_kill_between_a_workspace_temp_and_its_rename_leaves_no_temp(tmp_path: Path) -> None:
     """Killed just before a workspace write's rename, the resumed demo removes the temp file it
@@ -162,7 +159,6 @@ def test_a_kill_between_a_workspace_temp_and_its_rename_leaves_no_temp(tmp_path:
     assert "16/16 checks passed" in out, out[-3000:]
 
 
-@needs_strace
 def test_a_kill_inside_a_first_save_leaves_no_temp_for_ever(tmp_path: Path) -> None:
     """A process killed inside a new run's very first save (before its rename) leaves a temp
     file no owner will ever open; the next run created in that directory removes it (the demo
@@ -205,7 +201,6 @@ def test_an_orphan_temp_whose_run_is_held_is_left_alone(tmp_path: Path) -> None:
         store.close()
 
 
-@needs_strace
 @pytest.mark.slow
 def test_a_kill_before_the_patch_ledger_line_keeps_ledger_and_file_in_step(
     tmp_path: Path,
@@ -219,7 +214,6 @@ def test_a_kill_before_the_patch_ledger_line_keeps_ledger_and_file_in_step(
 # -- the sweep ---------------------------------------------------------------------------
 
 
-@needs_strace
 @pytest.mark.slow
 def test_the_cli_sweeps_system_calls_and_prints_kills_per_kind(tmp_path: Path) -> None:
     """``durably sweep --syscalls`` runs the sweep, prints the kills per call kind and writes
@@ -236,8 +230,8 @@ def test_the_cli_sweeps_system_calls_and_prints_kills_per_kind(tmp_path: Path) -
 @pytest.fixture(scope="module")
 def sampled() -> SyscallReport:
     """The CI sample of the reference job's system-call sweep: both stores, depth 2."""
-    if shutil.which("strace") is None:
-        pytest.skip("strace not installed")
+    # No skip without strace: `make test` installs it (scripts/system-deps), so a
+    # missing one is a broken machine, and the sweep's own error says so.
     return run_syscall_sweep(TriageJob(sync=True), triage_stores(), depth=2, jobs=2, sample=2)
 
 
