@@ -1,0 +1,197 @@
+"""Listing runs by their summaries: what ``durably runs``, ``pending`` and the console show.
+
+A :class:`RunSummary` is the part of a run's state that a list of runs shows:
+its phase, turns, dollars, restarts, when it was created and last saved, and
+the questions it waits for. :func:`list_runs` gives every run's summary, or the
+reason it could not be read.
+
+For a file store's directory the summaries come from the listing index beside
+the runs (:mod:`durably.stores._index`): only runs whose files changed since the
+index was written are loaded, and the index is rewritten when any were. It is a
+cache and never more: whatever state the index is in, the listing is the one
+that loading every run gives (:func:`list_runs_fully`, the benchmark's baseline
+and the tests' oracle). On Postgres the summary is computed from each run's
+state: the table has no summary columns (turns, dollars and questions live in
+the state only), and adding them would touch every save.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from .decisions import Question, questions
+from .errors import DurablyError, RunNotFound
+from .state import RunState
+from .stores import Store, _index
+from .stores.directory import DirectoryStore
+from .stores.file import FileStore
+from .stores.journal import JournalStore
+
+__all__ = [
+    "Listing",
+    "RunSummary",
+    "list_directory",
+    "list_runs",
+    "list_runs_fully",
+    "select",
+    "summarize",
+]
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What a list of runs shows of one run, without the rest of its state."""
+
+    run_id: str
+    phase: str
+    turns: int
+    dollars: float
+    resumes: int
+    """Restarts: how many times the run was resumed after it started."""
+    created_at: datetime
+    saved_at: datetime | None
+    questions: tuple[Question, ...] = ()
+    """The questions the run waits for (empty unless it is paused for a person)."""
+
+
+_summary_decoder = msgspec.json.Decoder(RunSummary)
+_summary_encoder = msgspec.json.Encoder()
+
+
+def summarize(state: RunState) -> RunSummary:
+    """The summary of a loaded state."""
+    return RunSummary(
+        run_id=state.run_id,
+        phase=str(state.phase),
+        turns=state.turns,
+        dollars=state.dollars,
+        resumes=state.resumes,
+        created_at=state.created_at,
+        saved_at=state.saved_at,
+        questions=tuple(questions(state)) if state.pending else (),
+    )
+
+
+@dataclass
+class Listing:
+    """Every run of a store: the summaries of those that could be read, and the others."""
+
+    summaries: list[RunSummary] = field(default_factory=list)
+    """Sorted by run ID."""
+    unreadable: list[tuple[str, DurablyError]] = field(default_factory=list)
+    """Runs that could not be read, with the reason (sorted by run ID)."""
+    loaded: int = 0
+    """How many runs were loaded whole (the rest came from the index)."""
+
+
+def list_directory(store: FileStore) -> Listing:
+    """Every run in a file store's directory, through the listing index.
+
+    Runs of either file store are read (through a ``JournalStore`` over the same
+    directory when ``store`` is a snapshot ``FileStore``, which refuses journal runs).
+
+    Raises:
+        UnsafePath: the directory is not the user's own (as for any other read).
+    """
+    reader = store if isinstance(store, JournalStore) else JournalStore(store.directory)
+    try:
+        return _list_directory(reader)
+    finally:
+        if reader is not store:
+            reader.close()
+
+
+def _list_directory(store: JournalStore) -> Listing:
+    started = time.time_ns()
+    # The identities are taken before anything is read: see stores/_index.py.
+    current = _index.scan(store)
+    known = _index.load(store)
+    listing = Listing()
+    recorded: dict[str, tuple[_index.Identity, bytes]] = {}
+    for run_id in sorted(current):
+        identity = current[run_id]
+        entry = known.get(run_id)
+        if entry is not None and entry[0] == identity:
+            try:
+                listing.summaries.append(_summary_decoder.decode(entry[1]))
+                recorded[run_id] = (identity, bytes(entry[1]))
+                continue
+            except msgspec.DecodeError:
+                pass  # an entry this version cannot read: load the run
+        try:
+            state = store.read_sync(run_id)
+        except RunNotFound:
+            continue  # removed since the directory was listed
+        except DurablyError as exc:
+            listing.unreadable.append((run_id, exc))
+            continue
+        listing.loaded += 1
+        summary = summarize(state)
+        listing.summaries.append(summary)
+        if _index.settled(identity, started_ns=started):
+            recorded[run_id] = (identity, _summary_encoder.encode(summary))
+    if recorded.keys() != known.keys() or any(
+        known[run][0] != recorded[run][0] for run in recorded
+    ):
+        _index.save(store, recorded)
+    return listing
+
+
+async def list_runs(store: Store) -> Listing:
+    """Every run of ``store``: through the listing index for a file store, else loading each."""
+    if isinstance(store, DirectoryStore):
+        return list_directory(store._journal)
+    if isinstance(store, FileStore):
+        return list_directory(store)
+    return await list_runs_fully(store)
+
+
+async def list_runs_fully(store: Store) -> Listing:
+    """Every run of ``store``, each loaded whole (Postgres; and the index's oracle)."""
+    listing = Listing()
+    for run_id in await store.list_runs():
+        try:
+            state = await store.read(run_id)
+        except RunNotFound:
+            continue  # queued on Postgres (no state yet), or removed since the listing
+        except DurablyError as exc:
+            listing.unreadable.append((run_id, exc))
+            continue
+        listing.loaded += 1
+        listing.summaries.append(summarize(state))
+    return listing
+
+
+def select(
+    summaries: Iterable[RunSummary],
+    *,
+    phase: str | None = None,
+    sort: str = "saved",
+    limit: int | None = None,
+) -> list[RunSummary]:
+    """The runs to show: in ``phase`` only, newest save first (or by run ID), at most ``limit``.
+
+    Args:
+        summaries: the runs.
+        phase: keep only runs in this phase (None: all).
+        sort: ``saved`` (last saved first; never-saved runs last) or ``run`` (by run ID).
+        limit: at most this many, after sorting (None: all).
+    """
+    chosen = [s for s in summaries if phase is None or s.phase == phase]
+    if sort == "saved":
+        chosen.sort(key=lambda s: s.run_id)
+        chosen.sort(key=_saved_key, reverse=True)
+    elif sort == "run":
+        chosen.sort(key=lambda s: s.run_id)
+    else:
+        raise ValueError(f"unknown sort {sort!r}: sort by saved or run")
+    return chosen if limit is None else chosen[:limit]
+
+
+def _saved_key(summary: RunSummary) -> tuple[bool, float]:
+    saved = summary.saved_at
+    return (saved is not None, saved.timestamp() if saved is not None else 0.0)
