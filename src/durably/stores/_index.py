@@ -135,9 +135,9 @@ def scan(store: FileStore) -> dict[str, Identity]:
 def settled(identity: Identity, *, started_ns: int) -> bool:
     """Whether a summary read after ``identity`` was taken may be recorded under it.
 
-    Only regular files whose content has been still (``mtime``) for
-    :data:`SETTLE_NS` before the listing started (``started_ns``, ``time.time_ns()``) qualify; anything else
-    (a symlink, a FIFO, a run being saved right now) is read by every listing.
+    Only regular files whose content (``mtime``) has been still for :data:`SETTLE_NS`
+    before the listing started (``started_ns``, from ``time.time_ns()``) qualify;
+    anything else (a symlink, a FIFO, a run being saved now) is read by every listing.
     """
     return all(
         stat.S_ISREG(mode) and mtime < started_ns - SETTLE_NS
