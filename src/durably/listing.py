@@ -17,8 +17,9 @@ the state only), and adding them would touch every save.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,7 +27,7 @@ import msgspec
 
 from .decisions import Question, questions
 from .errors import DurablyError, RunNotFound
-from .state import RunState
+from .state import RunState, age
 from .stores import Store, _index
 from .stores.directory import DirectoryStore
 from .stores.file import FileStore
@@ -38,6 +39,7 @@ __all__ = [
     "list_directory",
     "list_runs",
     "list_runs_fully",
+    "render",
     "select",
     "summarize",
 ]
@@ -97,7 +99,13 @@ def list_directory(store: FileStore) -> Listing:
     Raises:
         UnsafePath: the directory is not the user's own (as for any other read).
     """
-    reader = store if isinstance(store, JournalStore) else JournalStore(store.directory)
+    if not os.path.lexists(store.directory):
+        return Listing()  # a reader never creates the state directory
+    reader = (
+        store
+        if isinstance(store, JournalStore)
+        else JournalStore(store.directory, allow_network_fs=store.allow_network_fs)
+    )
     try:
         return _list_directory(reader)
     finally:
@@ -144,9 +152,11 @@ def _list_directory(store: JournalStore) -> Listing:
 async def list_runs(store: Store) -> Listing:
     """Every run of ``store``: through the listing index for a file store, else loading each."""
     if isinstance(store, DirectoryStore):
-        return list_directory(store._journal)
+        store = store._journal
     if isinstance(store, FileStore):
-        return list_directory(store)
+        import asyncio  # only where a loop runs (start-up stays light)
+
+        return await asyncio.to_thread(list_directory, store)
     return await list_runs_fully(store)
 
 
@@ -195,3 +205,58 @@ def select(
 def _saved_key(summary: RunSummary) -> tuple[bool, float]:
     saved = summary.saved_at
     return (saved is not None, saved.timestamp() if saved is not None else 0.0)
+
+
+_COLUMNS = ("run", "phase", "turns", "dollars", "restarts", "last saved")
+_RIGHT = frozenset({"turns", "dollars"})
+
+
+def render(
+    summaries: Sequence[RunSummary],
+    unreadable: Sequence[str] = (),
+    *,
+    title: str,
+    color: bool = False,
+) -> str:
+    """The runs as a text table, drawn as the other commands' tables are (rich's heavy head).
+
+    Drawn here rather than by rich: rich lays out 10,000 rows in about ten
+    seconds, and a listing of that many must take well under one. Cells are never
+    cut (a run ID is copied into other commands), so a narrow terminal wraps lines.
+
+    Args:
+        summaries: the runs to show, in order.
+        unreadable: run IDs that could not be read, shown last as ``unreadable``.
+        title: the line above the table.
+        color: mark unreadable runs red (ANSI), for a terminal.
+    """
+    rows = [
+        (
+            s.run_id,
+            s.phase,
+            str(s.turns),
+            f"${s.dollars:.4f}",
+            str(s.resumes),
+            age(s.saved_at),
+        )
+        for s in summaries
+    ]
+    rows += [(run, "unreadable", "-", "-", "-", "-") for run in unreadable]
+    widths = [max([len(c), *(len(r[n]) for r in rows)]) for n, c in enumerate(_COLUMNS)]
+
+    def line(cells: Sequence[str], edge: str, middle: str, red: bool = False) -> str:
+        parts = []
+        for n, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            text = cell.rjust(width) if _COLUMNS[n] in _RIGHT else cell.ljust(width)
+            if red and n == 1:
+                text = f"\x1b[31m{text}\x1b[0m"
+            parts.append(f" {text} ")
+        return edge + middle.join(parts) + edge
+
+    def rule(left: str, fill: str, cross: str, right: str) -> str:
+        return left + cross.join(fill * (w + 2) for w in widths) + right
+
+    out = [title, rule("┏", "━", "┳", "┓"), line(_COLUMNS, "┃", "┃"), rule("┡", "━", "╇", "┩")]
+    out += [line(r, "│", "│", red=color and r[1] == "unreadable") for r in rows]
+    out.append(rule("└", "─", "┴", "┘"))
+    return "\n".join(out) + "\n"

@@ -19,6 +19,7 @@ from durably.console.server import create_app
 from durably.decisions import answer
 from durably.errors import StoreUnavailable
 from durably.state import Phase, Resolution, ResolutionOutcome
+from durably.stores import _index
 from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 
@@ -215,10 +216,11 @@ def test_a_store_that_fails_is_a_page_saying_so(
 ) -> None:
     """A store that cannot be reached answers 503 with the store's own message, no traceback."""
 
-    async def unreachable(self: DirectoryStore) -> list[str]:
-        raise StoreUnavailable(where=str(self.directory), reason="the disk went away")
+    def unreachable(store: DirectoryStore) -> list[str]:
+        raise StoreUnavailable(where=str(store.directory), reason="the disk went away")
 
-    monkeypatch.setattr(DirectoryStore, "list_runs", unreachable)
+    # The runs page lists through the listing index, which starts by scanning the directory.
+    monkeypatch.setattr(_index, "scan", unreachable)
     for client in client_for(runs):
         response = client.get("/")
     assert response.status_code == 503

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 from ..decisions import Question, questions
 from ..keys import idempotency_key
+from ..listing import RunSummary
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = ["FileCheck", "Page", "e", "questions_page", "run_page", "runs_page"]
@@ -97,7 +98,7 @@ def _layout(page: Page, title: str, body: str, version: str) -> str:
     )
 
 
-def version_of(states: Iterable[RunState]) -> str:
+def version_of(states: Iterable[RunState | RunSummary]) -> str:
     """A short digest of what the page shows, so the script swaps it only when it changed."""
     digest = hashlib.sha256()
     for state in states:
@@ -110,10 +111,10 @@ def version_of(states: Iterable[RunState]) -> str:
 
 
 def runs_page(
-    page: Page, states: Sequence[RunState], problems: Sequence[str], phase: str | None
+    page: Page, runs: Sequence[RunSummary], problems: Sequence[str], phase: str | None
 ) -> str:
-    """The table of runs, optionally only those in one phase."""
-    shown = [s for s in states if phase is None or str(s.phase) == phase]
+    """The table of runs (from their summaries), optionally only those in one phase."""
+    shown = [s for s in runs if phase is None or s.phase == phase]
     filters = ['<p class="filters">phase: ']
     for name in (None, *[str(p) for p in Phase]):
         label = name or "all"
@@ -123,7 +124,7 @@ def runs_page(
     filters.append("</p>")
     rows = []
     for state in shown:
-        waiting = len(state.pending)
+        waiting = len(state.questions)
         rows.append(
             "<tr>"
             f'<td><a href="/runs/{e(quote(state.run_id))}">{e(state.run_id)}</a></td>'
@@ -205,10 +206,10 @@ def _forms(page: Page, question: Question) -> str:
     )
 
 
-def questions_page(page: Page, states: Sequence[RunState], problems: Sequence[str]) -> str:
-    """Every open question of the store, with forms to answer them."""
-    waiting = [s for s in states if s.pending]
-    blocks = [_question(page, q, with_run=True) for s in waiting for q in questions(s)]
+def questions_page(page: Page, runs: Sequence[RunSummary], problems: Sequence[str]) -> str:
+    """Every open question of the store (from the runs' summaries), with forms to answer them."""
+    waiting = [s for s in runs if s.questions]
+    blocks = [_question(page, q, with_run=True) for s in waiting for q in s.questions]
     broken = "".join(f'<div class="notice error">{e(p)}</div>' for p in problems)
     body = f"<h1>Open questions ({len(blocks)})</h1>{broken}" + (
         "".join(blocks) or '<p class="dim">nothing waits for a person</p>'

@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from ..cli_person import StoreChoice, opened_store
 from ..decisions import answer, parse_answer
 from ..errors import AnswerRefused, DurablyError, InvalidRunId, OwnershipError, RunNotFound
-from ..state import RunState
+from ..listing import RunSummary, list_runs
 from ..stores import Store
 from .pages import FileCheck, Page, error_page, questions_page, run_page, runs_page
 
@@ -126,17 +126,12 @@ def create_app(
             response.set_cookie(_cookie(request), token, httponly=True, samesite="strict", path="/")
         return response
 
-    async def states() -> tuple[list[RunState], list[str]]:
-        store = stores[0]
-        found, problems = [], []
-        for run_id in await store.list_runs():
-            try:
-                found.append(await store.read(run_id))
-            except RunNotFound:
-                continue  # queued on Postgres (no state yet), or removed since the listing
-            except DurablyError as exc:
-                problems.append(f"{run_id}: {exc}")
-        found.sort(key=lambda s: s.created_at, reverse=True)
+    async def states() -> tuple[list[RunSummary], list[str]]:
+        # The runs' summaries: through the listing index on a file store, so a
+        # poll every 1.5 s costs a directory listing, not a load of every run.
+        listed = await list_runs(stores[0])
+        problems = [f"{run_id}: {exc}" for run_id, exc in listed.unreadable]
+        found = sorted(listed.summaries, key=lambda s: s.created_at, reverse=True)
         return found, problems
 
     async def runs(request: Request) -> Response:
