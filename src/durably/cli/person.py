@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._exit import EXIT
-from ..errors import DurablyError, RunNotFound
 from ..storechoice import StoreChoice, opened_store
 from ._args import positive_int
 
@@ -124,37 +123,31 @@ def _error(errors: Console, problem: object) -> None:
 
 
 async def _pending(choice: StoreChoice) -> tuple[list[dict[str, Any]], list[str]]:
-    from ..decisions import questions
+    from ..listing import list_runs
 
     rows: list[dict[str, Any]] = []
-    unreadable: list[str] = []
     async with opened_store(choice) as store:
-        for run_id in await store.list_runs():
-            try:
-                state = await store.read(run_id)
-            except RunNotFound:
-                continue  # queued on Postgres (no state yet), or removed since the listing
-            except DurablyError as exc:
-                unreadable.append(f"{run_id}: {exc}")
-                continue
-            for question in questions(state):
-                rows.append(
-                    {
-                        "run": question.run_id,
-                        "call": question.call_id,
-                        "tool": question.tool,
-                        "effect": question.effect,
-                        "kind": "approval" if question.kind == "approve" else "in doubt",
-                        "arguments": question.arguments,
-                        "key": question.key,
-                        "asked_at": question.asked_at.isoformat(),
-                        "started_at": question.started_at.isoformat()
-                        if question.started_at
-                        else None,
-                        "why": question.why,
-                        "answers": list(question.answers),
-                    }
-                )
+        # The questions come with the runs' summaries: on a file store, from the
+        # listing index, so only runs changed since the last listing are loaded.
+        listed = await list_runs(store)
+    unreadable = [f"{run_id}: {exc}" for run_id, exc in listed.unreadable]
+    for summary in listed.summaries:
+        for question in summary.questions:
+            rows.append(
+                {
+                    "run": question.run_id,
+                    "call": question.call_id,
+                    "tool": question.tool,
+                    "effect": question.effect,
+                    "kind": "approval" if question.kind == "approve" else "in doubt",
+                    "arguments": question.arguments,
+                    "key": question.key,
+                    "asked_at": question.asked_at.isoformat(),
+                    "started_at": question.started_at.isoformat() if question.started_at else None,
+                    "why": question.why,
+                    "answers": list(question.answers),
+                }
+            )
     return rows, unreadable
 
 

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._exit import EXIT, runs_dir
-from ..errors import DurablyError
-from ..state import RunState, age, encode_state
+from ..state import Phase, RunState, age, encode_state
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
+from ._args import positive_int, state_option
 from ._args import run_id as run_id_arg
-from ._args import state_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -94,36 +93,34 @@ def show(state: RunState, console: Console) -> None:
         console.print(calls)
 
 
-def runs_table(store: FileStore, console: Console, errors: Console) -> int:
-    """Print a table of every run in a store; return how many could not be read."""
-    from rich.table import Table
+def runs_table(
+    store: FileStore,
+    console: Console,
+    errors: Console,
+    *,
+    phase: str | None = None,
+    limit: int | None = None,
+    sort: str = "saved",
+) -> int:
+    """Print a table of a store's runs from their summaries; return how many could not be read.
 
-    table = Table(title=f"runs in {store.directory}", title_justify="left")
-    for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
-        table.add_column(
-            column,
-            justify="right" if column in ("turns", "dollars") else "left",
-            overflow="fold" if column == "run" else "ellipsis",  # a run ID is never cut short
-        )
-    unreadable = 0
-    for run_id in store.list_runs_sync():
-        try:
-            state = store.read_sync(run_id)
-        except DurablyError as exc:
-            unreadable += 1
-            table.add_row(run_id, "[red]unreadable[/red]", "-", "-", "-", "-")
-            errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
-            continue
-        table.add_row(
-            run_id,
-            str(state.phase),
-            str(state.turns),
-            f"${state.dollars:.4f}",
-            str(state.resumes),
-            age(state.saved_at),
-        )
-    console.print(table)
-    return unreadable
+    The summaries come through the listing index (``durably.listing``): only runs
+    changed since the last listing are loaded. Unreadable runs are named on
+    ``errors`` and shown last (unless ``phase`` picks one phase), whatever the limit.
+    """
+    from ..listing import list_directory, render, select
+
+    listed = list_directory(store)
+    for _, exc in listed.unreadable:
+        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    shown = select(listed.summaries, phase=phase, sort=sort, limit=limit)
+    broken = [run for run, _ in listed.unreadable] if phase is None else []
+    # Written as text: rich takes seconds to lay out thousands of rows (listing.render).
+    console.file.write(
+        render(shown, broken, title=f"runs in {store.directory}", color=console.is_terminal)
+    )
+    console.file.flush()
+    return len(listed.unreadable)
 
 
 def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
@@ -170,7 +167,9 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
             highlight=False,
         )
         return EXIT["done"]
-    unreadable = runs_table(JournalStore(directory), console, errors)
+    unreadable = runs_table(
+        JournalStore(directory), console, errors, phase=args.phase, limit=args.limit, sort=args.sort
+    )
     return EXIT["failed"] if unreadable else EXIT["done"]
 
 
@@ -192,4 +191,18 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
     )
     state_option(runs_cmd)
+    runs_cmd.add_argument(
+        "--phase",
+        choices=[str(p) for p in Phase],
+        help="only runs in this phase (unreadable runs are still named on stderr)",
+    )
+    runs_cmd.add_argument(
+        "--limit", type=positive_int, metavar="N", help="at most N runs (after sorting)"
+    )
+    runs_cmd.add_argument(
+        "--sort",
+        choices=["saved", "run"],
+        default="saved",
+        help="saved: last saved first (default); run: by run ID",
+    )
     runs_cmd.set_defaults(handler=_cmd_runs)
