@@ -468,3 +468,161 @@ def test_an_index_temp_left_by_a_killed_lister_is_removed_once_old(runs: Path) -
 
     assert young.exists()
     assert not old.exists()
+
+
+# -- the commands and the console use the summaries ----------------------------------------
+
+
+def durably_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``durably ARGV`` in this process; return its exit code, stdout and stderr."""
+    from durably.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def table_rows(out: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in out.splitlines()
+        if line.startswith("│")
+    ]
+
+
+def test_runs_lists_last_saved_first_and_takes_phase_limit_and_sort(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``durably runs`` puts the last saved first, keeps one ``--phase``, cuts at ``--limit``,
+    and ``--sort run`` orders by run ID."""
+    code, out, _ = durably_cli(capsys, "runs", str(runs))
+    assert code == 0
+    rows = table_rows(out)
+    assert [r[0] for r in rows] == [f"run-{n}" for n in (5, 4, 3, 2, 1, 0)]
+    assert rows[-1] == ["run-0", "done", "1", "$0.0100", "0", rows[-1][5]]
+
+    _, out, _ = durably_cli(capsys, "runs", str(runs), "--phase", "paused")
+    assert [r[:2] for r in table_rows(out)] == [["run-4", "paused"]]
+
+    _, out, _ = durably_cli(capsys, "runs", str(runs), "--limit", "2")
+    assert [r[0] for r in table_rows(out)] == ["run-5", "run-4"]
+
+    _, out, _ = durably_cli(capsys, "runs", str(runs), "--sort", "run", "--limit", "3")
+    assert [r[0] for r in table_rows(out)] == ["run-0", "run-1", "run-2"]
+
+
+def test_runs_names_an_unreadable_run_whatever_the_filter(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unreadable run is a row and an error (exit 1); with ``--phase`` it is still an error."""
+    snapshot = runs / "run-2.json"
+    snapshot.write_bytes(snapshot.read_bytes()[:40])
+
+    code, out, err = durably_cli(capsys, "runs", str(runs), "--limit", "1")
+    assert code == 1
+    assert [r[:2] for r in table_rows(out)] == [["run-5", "done"], ["run-2", "unreadable"]]
+    assert f"checkpoint {snapshot} is corrupt" in err
+
+    code, out, err = durably_cli(capsys, "runs", str(runs), "--phase", "done")
+    assert code == 1
+    assert "run-2" not in out
+    assert f"checkpoint {snapshot} is corrupt" in err
+
+
+def test_runs_with_a_warm_index_loads_no_run(
+    runs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second ``durably runs`` over unchanged runs shows the same table without loading any."""
+    _, first, _ = durably_cli(capsys, "runs", str(runs))
+
+    def refused(self: object, run_id: str) -> RunState:
+        raise AssertionError(f"{run_id} was loaded whole")
+
+    monkeypatch.setattr(JournalStore, "read_sync", refused)
+    _, second, _ = durably_cli(capsys, "runs", str(runs))
+
+    assert second == first
+
+
+def _pending_rows_loading_every_run(directory: Path) -> list[dict[str, object]]:
+    """What ``pending --json`` printed before the summaries: questions of every loaded run."""
+    from durably.decisions import questions
+
+    store = JournalStore(directory)
+    rows = []
+    for run_id in store.list_runs_sync():
+        for q in questions(store.read_sync(run_id)):
+            rows.append(
+                {
+                    "run": q.run_id,
+                    "call": q.call_id,
+                    "tool": q.tool,
+                    "effect": q.effect,
+                    "kind": "approval" if q.kind == "approve" else "in doubt",
+                    "arguments": q.arguments,
+                    "key": q.key,
+                    "asked_at": q.asked_at.isoformat(),
+                    "started_at": q.started_at.isoformat() if q.started_at else None,
+                    "why": q.why,
+                    "answers": list(q.answers),
+                }
+            )
+    store.close()
+    return rows
+
+
+def test_pending_shows_the_questions_loading_every_run_shows_from_the_index(
+    runs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``durably pending`` lists the same questions as loading every run did, and with a warm
+    index it loads none."""
+    import json
+
+    expected = _pending_rows_loading_every_run(runs)
+    assert [row["call"] for row in expected] == ["c5-0", "c5-1"]
+    code, out, _ = durably_cli(capsys, "pending", str(runs), "--json")
+    assert code == 0
+    assert json.loads(out) == expected
+
+    def refused(self: object, run_id: str) -> RunState:
+        raise AssertionError(f"{run_id} was loaded whole")
+
+    monkeypatch.setattr(JournalStore, "read_sync", refused)
+    _, again, _ = durably_cli(capsys, "pending", str(runs), "--json")
+    assert json.loads(again) == expected
+    code, table, _ = durably_cli(capsys, "pending", str(runs))
+    assert code == 0
+    assert "c5-0" in table
+    assert "c5-1" in table
+
+
+def test_the_console_lists_runs_and_questions_from_the_summaries(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's runs and questions pages show every run and question, loading no run
+    once the index is warm."""
+    from starlette.testclient import TestClient
+
+    from durably.console.server import create_app
+    from durably.storechoice import StoreChoice
+
+    through_index(runs)
+
+    def refused(self: object, run_id: str) -> RunState:
+        raise AssertionError(f"{run_id} was loaded whole")
+
+    monkeypatch.setattr(JournalStore, "read_sync", refused)
+    app = create_app(StoreChoice(directory=runs), token="t" * 32)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        page = client.get("/").text
+        paused = client.get("/", params={"phase": "paused"}).text
+        asked = client.get("/questions").text
+    for n in range(6):
+        assert f'href="/runs/run-{n}"' in page
+    assert 'href="/runs/run-4"' in paused
+    assert 'href="/runs/run-0"' not in paused
+    assert "<td>2</td></tr>" in paused  # run-4's two waiting questions
+    assert "Open questions (2)" in asked
+    assert "c5-0" in asked
+    assert "c5-1" in asked
