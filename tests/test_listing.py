@@ -282,6 +282,31 @@ def test_a_run_saved_moments_ago_is_loaded_by_every_listing(tmp_path: Path) -> N
     assert through_index(tmp_path).loaded == 0
 
 
+def test_a_snapshot_put_back_behind_a_newer_log_is_listed_as_unreadable(runs: Path) -> None:
+    """A journal run whose snapshot was put back while a newer log holds saves is unreadable
+    in the listing (the lister's own listing of the run's files finds that log)."""
+    store = JournalStore(runs, sync=False, compact_min_bytes=0, compact_ratio=0.0)
+    state = a_state("rolled", turns=1)
+    handle = store.create_sync(state)
+    old = {p.name: p.read_bytes() for p in runs.glob("rolled.*") if p.suffix != ".lock"}
+    state.turns = 2
+    handle.save_sync(state)  # compacts: generation 2
+    store.compact_ratio = 1e9
+    state.turns = 3
+    handle.save_sync(state)  # appended to generation 2's log
+    handle.close_sync()
+    store.close()
+    for name, data in old.items():
+        (runs / name).write_bytes(data)
+    (runs / "rolled.lock").write_bytes(b"")
+
+    listed = through_index(runs)
+
+    assert [run for run, _ in listed.unreadable] == ["rolled"]
+    assert "holds later saves" in str(listed.unreadable[0][1])
+    same(listed, fully(runs))
+
+
 def test_the_directory_store_and_a_snapshot_file_store_list_through_the_index(runs: Path) -> None:
     """``list_runs`` over a DirectoryStore or a FileStore uses the index and sees journal runs."""
     through_index(runs)

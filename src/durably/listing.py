@@ -93,24 +93,20 @@ class Listing:
 def list_directory(store: FileStore) -> Listing:
     """Every run in a file store's directory, through the listing index.
 
-    Runs of either file store are read (through a ``JournalStore`` over the same
-    directory when ``store`` is a snapshot ``FileStore``, which refuses journal runs).
+    Runs of either file store are read (through a ``JournalStore`` of its own over
+    the same directory: a snapshot ``FileStore`` refuses journal runs).
 
     Raises:
         UnsafePath: the directory is not the user's own (as for any other read).
     """
     if not os.path.lexists(store.directory):
         return Listing()  # a reader never creates the state directory
-    reader = (
-        store
-        if isinstance(store, JournalStore)
-        else JournalStore(store.directory, allow_network_fs=store.allow_network_fs)
-    )
+    # A reader of its own: read_listed_sync is not for a store others read through.
+    reader = JournalStore(store.directory, fs=store.fs, allow_network_fs=store.allow_network_fs)
     try:
         return _list_directory(reader)
     finally:
-        if reader is not store:
-            reader.close()
+        reader.close()
 
 
 def _list_directory(store: JournalStore) -> Listing:
@@ -131,7 +127,7 @@ def _list_directory(store: JournalStore) -> Listing:
             except msgspec.DecodeError:
                 pass  # an entry this version cannot read: load the run
         try:
-            state = store.read_sync(run_id)
+            state = store.read_listed_sync(run_id, [name for name, *_ in identity])
         except RunNotFound:
             continue  # removed since the directory was listed
         except DurablyError as exc:
