@@ -49,7 +49,6 @@ from .. import faults
 from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, check_ranges, utcnow
-from ._envelope import seal
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
@@ -519,7 +518,7 @@ class JournalRun(FileRun):
         store, fs = self._journal, self._journal.fs
         old = self._generation
         generation = old + 1
-        data = seal(state, journal=generation)
+        data = self._sealer.seal(state, journal=generation, version=2)
         log_fd = self._new_log(generation)
         try:
             self._write_snapshot(data)  # crash-atomic; its directory sync keeps the new log too
