@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import zlib
 from pathlib import Path
 
 import msgspec
 import pytest
 
 import durably
-from durably.state import RunState, ToolResult
+from durably.state import RunState, ToolResult, encode_state
 from durably.stores import journal
+from durably.stores._envelope import open_sealed
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 
@@ -112,3 +114,26 @@ def test_a_keyed_change_that_does_not_fit_the_state_is_corrupt(
     log.write_bytes(log.read_bytes() + journal._frame(b'{"seq":1,%s}' % change))
     with pytest.raises(durably.CheckpointCorrupt, match=reason):
         store.read_sync("jour-1")
+
+
+def test_a_version_1_snapshot_naming_a_log_loads_and_is_rewritten_as_version_3(
+    tmp_path: Path,
+) -> None:
+    """The oldest journal form (version 1 naming a log with no header) still loads and moves on."""
+    runs = copied("journal", tmp_path)
+    opened = open_sealed((runs / "jour-1.json").read_bytes(), path="x")
+    body = encode_state(opened.state)
+    old = b'{"durably":1,"crc32":%d,"journal":1,"state":%s}' % (zlib.crc32(body), body)
+    (runs / "jour-1.json").write_bytes(old)
+    log = runs / "jour-1.1.log"
+    framed = journal._unframe(log.read_bytes(), 0)
+    assert framed is not None
+    log.write_bytes(log.read_bytes()[framed[1] :])  # version 1 logs had no header record
+    (runs / "jour-1.lock").write_bytes(b"")  # nor a watermark
+    store = JournalStore(runs)
+    assert store.read_sync("jour-1") == expected("jour-1")
+    handle, state = store.open_sync("jour-1")
+    handle.save_sync(state)
+    handle.close_sync()
+    assert envelope_version(runs / "jour-1.json") == 3
+    assert store.read_sync("jour-1") == state
