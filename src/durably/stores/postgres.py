@@ -594,9 +594,33 @@ class PostgresStore:
         A write that still fails is ``SaveFailed`` (the old state stays the truth);
         a read that still fails is ``StoreUnavailable``.
         """
+        deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
+        # The first try goes without stamina: setting up its retry context costs
+        # more CPU than the statement itself (about 0.1 ms a call, which capped
+        # saves/s at 32 runs), and nearly every statement succeeds at once.
+        try:
+            return await self._attempt(operation, deadline)
+        except Exception as exc:
+            if not _is_transient(exc):
+                raise
+            first = exc
+        return await self._retry(
+            operation, first, what=what, run_id=run_id, deadline=deadline, writes=writes
+        )
+
+    async def _retry(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        first: Exception,
+        *,
+        what: str,
+        run_id: str,
+        deadline: float,
+        writes: bool,
+    ) -> _T:
+        """After the first try failed with ``first``: wait and retry as stamina would."""
         import stamina
 
-        deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
         delay = _RETRY_FIRST
 
         def backoff(exc: Exception) -> bool | float:
@@ -618,18 +642,11 @@ class PostgresStore:
                 )
             return StoreUnavailable(where=f"{self._where} ({what})", reason=str(exc))
 
-        # The first try goes without stamina: setting up its retry context costs
-        # more CPU than the statement itself (about 0.1 ms a call, which capped
-        # saves/s at 32 runs), and nearly every statement succeeds at once. A
-        # transient failure then waits as stamina would, and goes round its loop.
-        try:
-            return await self._attempt(operation, deadline)
-        except Exception as exc:
-            if not _is_transient(exc):
-                raise
-            wait = backoff(exc) if stamina.is_active() else False
-            if wait is False:
-                raise unreachable(exc) from exc
+        # The first failure is judged and waited for as stamina would (no wait under
+        # stamina.set_testing; no retry at all when stamina is inactive).
+        wait = backoff(first) if stamina.is_active() else False
+        if wait is False:
+            raise unreachable(first) from first
         if not stamina.is_testing():
             await asyncio.sleep(wait)
         try:
@@ -648,7 +665,7 @@ class PostgresStore:
         deadline: float,
     ) -> _T:
         """One try of :meth:`_run`'s operation on a pooled connection."""
-        pool = await self._connect()
+        pool = self._pool if self._migrated and self._pool is not None else await self._connect()
         timeout = max(0.05, deadline - time.monotonic())
         async with pool.connection(timeout=timeout) as conn:
             if conn.autocommit:
