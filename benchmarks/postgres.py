@@ -120,7 +120,9 @@ async def hammer(
     return len(latencies), time.perf_counter() - start, latencies
 
 
-async def measure(dsn: str, concurrency: int, seconds: float, size: int) -> dict[str, Any]:
+async def measure(
+    dsn: str, concurrency: int, seconds: float, size: int, *, tag: int = 0
+) -> dict[str, Any]:
     """Store and floor figures for one concurrency."""
     pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
         dsn,
@@ -133,7 +135,7 @@ async def measure(dsn: str, concurrency: int, seconds: float, size: int) -> dict
     results: dict[str, list[tuple[int, float, list[float]]]] = {"store": [], "floor": []}
     try:
         store = PostgresStore(pool=pool, lease=timedelta(seconds=60))
-        states = [build_state(f"bench-{concurrency}-{i}", size) for i in range(concurrency)]
+        states = [build_state(f"bench-{tag}-{concurrency}-{i}", size) for i in range(concurrency)]
         handles: list[PostgresRun] = [await store.create(s) for s in states]
         payload = seal(states[0])
         async with pool.connection() as conn:
@@ -197,8 +199,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("rate = store saves/s over floor saves/s; p50, p99 = store latency over floor latency")
 
 
-async def run_all(dsn: str, seconds: float, size: int) -> list[dict[str, Any]]:
-    return [await measure(dsn, c, seconds, size) for c in CONCURRENCY]
+async def run_all(dsn: str, seconds: float, size: int, *, tag: int = 0) -> list[dict[str, Any]]:
+    """Store and floor figures at each concurrency (``tag`` keeps run IDs unique per repeat)."""
+    return [await measure(dsn, c, seconds, size, tag=tag) for c in CONCURRENCY]
 
 
 def verdict(label: str, value: float, target: float, *, at_least: bool) -> None:
@@ -346,8 +349,8 @@ def main() -> None:
     compared = None
     try:
         dsn = args.dsn or cluster.dsn  # type: ignore[union-attr]
-        for _ in range(args.repeat):
-            repeats.append(asyncio.run(run_all(dsn, args.seconds, args.bytes)))
+        for number in range(args.repeat):
+            repeats.append(asyncio.run(run_all(dsn, args.seconds, args.bytes, tag=number)))
         if lg is not None:
             compared = asyncio.run(
                 compare_langgraph(dsn, lg, args.langgraph_bytes, args.langgraph_puts)
