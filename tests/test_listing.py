@@ -448,7 +448,6 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("index_before", [False, True], ids=["no-index", "old-index"])
 def test_a_lister_killed_mid_index_write_leaves_a_correct_listing(
     runs: Path, tmp_path: Path, index_before: bool
