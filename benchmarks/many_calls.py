@@ -55,6 +55,7 @@ def one_run(calls: int, store_type: type[FileStore], directory: Path) -> float:
 
 
 def main() -> None:
+    """Run the benchmark and print the table (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000, help="N (the larger run has 10 N)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each size (median)")

@@ -152,6 +152,7 @@ async def measure(dsn: str, concurrency: int, seconds: float, size: int) -> dict
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
+    """Print one row per concurrency: the store, the floor, and their ratios."""
     header = (
         f"{'runs':>4} | {'store/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
         f"{'floor/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
@@ -172,10 +173,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 async def run_all(dsn: str, seconds: float, size: int) -> list[dict[str, Any]]:
+    """Measure every concurrency in turn against the server at ``dsn``."""
     return [await measure(dsn, c, seconds, size) for c in CONCURRENCY]
 
 
 def main() -> None:
+    """Run the benchmark and print the table (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="use this server instead of a throwaway cluster")
     parser.add_argument("--seconds", type=float, default=2.0, help="per phase and concurrency")

@@ -55,6 +55,7 @@ def timed(command: list[str], env: dict[str, str] | None) -> float:
 
 
 def main() -> None:
+    """Run the benchmark and print the table (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=30, help="processes per contender")
     parser.add_argument("--runs", type=int, default=5, help="runs in the small store")

@@ -58,6 +58,7 @@ def plain_run(
 
 
 def main() -> None:
+    """Run the benchmark, print the ratio and whether the target is met."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--depth", type=int, choices=(1, 2), default=2)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

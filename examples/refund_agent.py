@@ -61,6 +61,7 @@ payments = Payments(Path(os.environ.get("REFUND_LEDGER", "refunds.jsonl")))
 
 
 async def find_refund(ctx: ToolContext, order_id: str, cents: int) -> durably.Lookup:
+    """The refund already made with this call's key, if any (the ladder asks before a rerun)."""
     found = await payments.search(idempotency_key=ctx.idempotency_key)
     return durably.Found(found) if found else durably.NOT_FOUND
 

@@ -46,6 +46,7 @@ def _assert_clean(report: PowerLossReport) -> None:
 
 
 def test_journal_store_every_point_loads_and_resumes_cleanly() -> None:
+    """Every power-cut point of a journal-store run loads a saved state and resumes clean."""
     report = _sweep("journal", every=1)
     _assert_clean(report)
     assert report.captured == report.points
@@ -57,6 +58,7 @@ def test_journal_store_every_point_loads_and_resumes_cleanly() -> None:
 
 
 def test_snapshot_store_every_third_point_loads_and_resumes_cleanly() -> None:
+    """Every third power-cut point of a snapshot-store run loads and resumes clean."""
     report = _sweep("snapshot", every=3)
     _assert_clean(report)
     labels = set(report.captured_labels)
@@ -74,6 +76,7 @@ def test_snapshot_store_every_third_point_loads_and_resumes_cleanly() -> None:
     ids=["journal without fdatasync", "snapshot without directory sync"],
 )
 def test_a_store_mutant_is_caught(store: str, mutant: object) -> None:
+    """A store that skips a sync its protocol needs loses a saved state, and the sweep says so."""
     assert callable(mutant)
     with mutant():
         report = _sweep(store, every=9, limit=4)

@@ -176,7 +176,8 @@ def test_every_public_error_is_exported() -> None:
 
 def test_postgres_store_is_exported_lazily() -> None:
     """``durably.PostgresStore`` is the store class, kept out of ``__all__`` (a star import
-    must not need psycopg)."""
+    must not need psycopg).
+    """
     from durably.stores.postgres import PostgresStore
 
     assert "PostgresStore" not in durably.__all__
@@ -185,7 +186,8 @@ def test_postgres_store_is_exported_lazily() -> None:
 
 def test_closed_sets_load_from_old_checkpoints_as_enums() -> None:
     """A checkpoint written when ``kind`` and ``outcome`` were plain strings loads as the enums
-    and writes back the same bytes."""
+    and writes back the same bytes.
+    """
     from durably.state import ApprovalKind, ResolutionOutcome, decode_state, encode_state
 
     old = (

@@ -35,11 +35,13 @@ class Ledger:
         self.honour_keys = honour_keys
 
     def entries(self) -> list[dict[str, object]]:
+        """Every refund in the ledger, in order."""
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
     def refund(self, *, order: str, cents: int, key: str) -> str:
+        """Make a refund, or with keys honoured, give the one made with ``key`` again."""
         if self.honour_keys:
             for entry in self.entries():
                 if entry["key"] == key:
@@ -57,15 +59,18 @@ class RefundJob:
     name = "refunds"
 
     def prepare(self, world: World) -> None:
+        """Make the outbox the email tool writes to."""
         (world.root / "mail").mkdir()
 
     def task(self) -> str:
+        """The task the agent is given."""
         return "refund orders 1042 and 1043 and tell the customer"
 
     def _ledger(self, world: World) -> Ledger:
         return Ledger(world.root / "ledger.jsonl", honour_keys=world.config.honour_keys)
 
     def agent(self, world: World, approver: durably.Approver) -> durably.Agent:
+        """The refund agent: a keyed refund with a lookup, and an email."""
         ledger = self._ledger(world)
         outbox = world.root / "mail"
 
@@ -122,14 +127,17 @@ class RefundJob:
         return durably.Agent(model=model, tools=tools, store=world.store(), approver=approver)
 
     def call_log(self, world: World) -> durably.CallLog:
+        """Where the model's calls are logged."""
         return durably.CallLog(world.root / "model.jsonl")
 
     def effects(self, world: World) -> Counter[str]:
+        """What the run did to the world: each refund and each email."""
         found = Counter(f"refund {e['order']}" for e in self._ledger(world).entries())
         found.update(f"email {p.read_text()}" for p in (world.root / "mail").iterdir())
         return found
 
     def oracle(self, world: World, request: durably.ResolveRequest) -> durably.Rerun | durably.Done:
+        """A person who answers from the world: done when the effect is there, else rerun."""
         if (
             request.tool == "send_email"
             and (world.root / "mail" / f"{request.idempotency_key}.txt").exists()
@@ -140,9 +148,11 @@ class RefundJob:
         return durably.Rerun()
 
     def checks(self, world: World, state: durably.RunState) -> list[str]:
+        """A problem when the run did not end with the expected answer."""
         return [] if state.answer == "Both refunded; customer told." else ["wrong answer"]
 
     def fingerprint(self, world: World) -> str:
+        """A digest of the files a crash could have changed."""
         files = [world.store_dir / "sweep-run.json", world.root / "ledger.jsonl"]
         files += sorted((world.root / "mail").iterdir())
         files += [world.root / "model.jsonl", world.questions_log]
@@ -171,7 +181,7 @@ def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
     def uncopyable(root: Path) -> Tree:
         raise Uncopyable(f"{root} (as if it held a socket)")
 
-    monkeypatch.setattr(sweep_core.Tree, "read", uncopyable)  # workers fork after this
+    monkeypatch.setattr(Tree, "read", uncopyable)  # workers fork after this
     fresh = run_sweep(RefundJob(), configs=CONFIGS[1:2], depth=2, jobs=2)
     assert len([r for r in kept.results if r.depth == 2]) > 10
     assert verdicts(kept) == verdicts(fresh)
@@ -198,7 +208,7 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
             raise RuntimeError("no agent today")
 
     try:
-        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)
+        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)  # noqa: SLF001 -- the test is about the sweep's worker warm-up
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from durably.sweep.randomkill import RandomReport, RandomRun, run_random_sweep
 
 
 def run(**changes: object) -> RandomRun:
+    """A passing random-sweep run, with ``changes`` applied."""
     fields: dict[str, object] = {
         "run": 0,
         "store": "journal",
@@ -57,7 +58,8 @@ def test_bad_arguments_are_refused() -> None:
 @pytest.mark.slow
 def test_twenty_runs_killed_up_to_six_times_each_end_sixteen_of_sixteen() -> None:
     """Seed 0: 20 runs of the demo (both stores in turn), each SIGKILLed at up to 6 random
-    instants, each then finished: every run 16/16, nothing duplicated or lost."""
+    instants, each then finished: every run 16/16, nothing duplicated or lost.
+    """
     report = run_random_sweep(runs=20, kills=6, seed=0, jobs=2)
     assert report.problems() == [], report.text()
     assert len(report.runs) == 20
@@ -70,7 +72,8 @@ def test_twenty_runs_killed_up_to_six_times_each_end_sixteen_of_sixteen() -> Non
 @pytest.mark.slow
 def test_the_cli_runs_a_random_sweep_with_any_seed(tmp_path: Path) -> None:
     """``durably sweep --random RUNS --kills K --seed S`` prints one line per run and exits 0
-    when every run is clean."""
+    when every run is clean.
+    """
     out = tmp_path / "random.json"
     command = [sys.executable, "-m", "durably", "sweep", "--random", "2", "--kills", "2"]
     command += ["--seed", "7", "--json", str(out)]

@@ -422,9 +422,9 @@ def in_child(work: Callable[[], Any]) -> Child:
             os._exit(status)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
+        written = pipe.read()
     _, wait_status = os.waitpid(pid, 0)
-    report = json.loads(data) if data else {}
+    report = json.loads(written) if written else {}
     return Child(
         returncode=os.waitstatus_to_exitcode(wait_status),
         value=report.get("value"),

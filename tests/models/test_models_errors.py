@@ -70,7 +70,14 @@ class Sleeps:
     @property
     def waits(self) -> list[float]:
         """Each chosen wait, in order."""
-        return [r.args[-1] for r in self.caplog.records if r.name == "durably.models"]  # type: ignore[index]
+        waits: list[float] = []
+        for record in self.caplog.records:
+            if record.name == "durably.models":
+                assert isinstance(record.args, tuple)
+                wait = record.args[-1]
+                assert isinstance(wait, float)
+                waits.append(wait)
+        return waits
 
 
 @pytest.fixture(autouse=True)
@@ -381,7 +388,8 @@ def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Context overflow, overload, refusal or a cut-off call: a ModelError saying what to do,
-    four saved turns, no issue filed; a context overflow resumed with a policy finishes."""
+    four saved turns, no issue filed; a context overflow resumed with a policy finishes.
+    """
     world = World.create(tmp_path / "world", M1)
     store_dir = tmp_path / "runs"
     run_id = new_run_id(M1)

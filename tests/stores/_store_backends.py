@@ -1,5 +1,6 @@
 """Store backends as the conformance suite sees them: a way to make the store, and to
-reach under it (plant raw bytes as a run's stored state, read them back)."""
+reach under it (plant raw bytes as a run's stored state, read them back).
+"""
 
 from __future__ import annotations
 

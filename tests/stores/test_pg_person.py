@@ -73,7 +73,7 @@ def test_an_answer_on_postgres_hands_the_run_back_to_the_workers(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """pending --dsn lists the worker's paused run; answer --dsn makes a worker finish it once."""
+    """``pending --dsn`` lists the worker's paused run; ``answer --dsn`` has a worker finish it."""
     monkeypatch.chdir(tmp_path)  # the example's payment ledger lands here
     monkeypatch.syspath_prepend(str(EXAMPLES))
     monkeypatch.delenv("DURABLY_DSN", raising=False)

@@ -30,6 +30,7 @@ TESTS = Path(__file__).parent
 
 
 def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
+    """Run ``query`` on its own connection; the rows, if it returns any."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cursor = conn.execute(query.encode(), params or None)
         return cursor.fetchall() if cursor.description else []
@@ -47,6 +48,7 @@ def in_doubt(dsn: str, call_id: str) -> int:
 
 
 def phases(dsn: str) -> dict[str, str]:
+    """Each run's phase, by run ID."""
     return dict(sql(dsn, "SELECT run_id, phase FROM durably_runs"))
 
 
@@ -73,6 +75,8 @@ async def work_until(
 
 
 def all_done(dsn: str) -> Callable[[], Awaitable[bool]]:
+    """A check for ``work_until``: every run in the database is done."""
+
     async def check() -> bool:
         return all(p == "done" for p in (await asyncio.to_thread(phases, dsn)).values())
 
@@ -80,6 +84,7 @@ def all_done(dsn: str) -> Callable[[], Awaitable[bool]]:
 
 
 def assert_each_call_acted_once(root: Path, run_ids: list[str]) -> None:
+    """The ledger holds each run's calls exactly once."""
     effects = sorted((e["run_id"], e["call_id"]) for e in Ledger(root).effects())
     assert effects == sorted((r, c) for r in run_ids for c in CALLS)
 
@@ -106,7 +111,8 @@ def test_a_worker_starts_and_finishes_every_submitted_run(pg_dsn: str, tmp_path:
 
 def test_a_run_whose_worker_died_is_finished_by_another(pg_dsn: str, tmp_path: Path) -> None:
     """A worker killed with a call in flight leaves an in-doubt call; once its lease expires a
-    second worker claims the run, settles the call by lookup and finishes the run."""
+    second worker claims the run, settles the call by lookup and finishes the run.
+    """
     (tmp_path / "pause").write_text("note")
 
     async def enqueue() -> None:
@@ -199,6 +205,7 @@ def _after(seconds: float) -> Callable[[], Awaitable[bool]]:
 
 
 def durably_cli(*args: str, root: Path) -> subprocess.Popen[str]:
+    """Start ``durably`` with the tests' job importable and its ledger under ``root``."""
     environment = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
@@ -238,7 +245,8 @@ def stop_when(
 
 def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) -> None:
     """``durably worker`` stops on SIGTERM after the runs' current saves and frees their leases,
-    so another worker resumes them at once, though the lease is long."""
+    so another worker resumes them at once, though the lease is long.
+    """
     run_ids = []
     for _ in range(2):
         submitted = durably_cli(
@@ -279,7 +287,8 @@ def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) 
 
 def test_the_cli_runs_a_submitted_triage_task(pg_dsn: str, tmp_path: Path) -> None:
     """``durably submit --agent triage:<task>`` queues the triage demo and ``durably worker``
-    runs it to its answer, its world under ``--state``."""
+    runs it to its answer, its world under ``--state``.
+    """
     submitted = durably_cli(
         "submit", "--dsn", pg_dsn, "--agent", "triage:m1-done-after-delete", root=tmp_path
     )

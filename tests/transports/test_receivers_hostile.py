@@ -1,5 +1,6 @@
 """Receivers against other clients and other processes: keys scoped by principal, private
-files, several services opening one fresh key database (issue 22)."""
+files, several services opening one fresh key database (issue 22).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from durably.receivers.mcp import META_KEY
 
 def test_a_key_replayed_by_another_principal_is_a_new_request(tmp_path: Path) -> None:
     """Alice's stored response is never replayed to a client without her credentials: the same
-    key from anyone else goes through the application (and its authentication) as a new request."""
+    key from anyone else goes through the application (and its authentication) as a new request.
+    """
     handled: list[str] = []
 
     async def orders(request: Request) -> Response:
@@ -80,11 +82,12 @@ def test_a_key_replayed_by_another_principal_is_a_new_request(tmp_path: Path) ->
 
 def test_an_mcp_key_replayed_by_another_client_is_a_new_call(tmp_path: Path) -> None:
     """The MCP helper scopes keys by the client's credentials: another client's call with the
-    same key runs, and never receives the first client's result."""
+    same key runs, and never receives the first client's result.
+    """
     store = IdempotencyStore(tmp_path / "keys.sqlite3")
     placed: list[str] = []
 
-    async def place(item: str, ctx: Context) -> str:  # type: ignore[type-arg]
+    async def place(item: str, ctx: Context) -> str:
         placed.append(item)
         return f"order {len(placed)} of {item}"
 
@@ -137,7 +140,8 @@ def test_the_key_database_is_private_whatever_the_umask(tmp_path: Path) -> None:
 
 def test_a_key_database_another_process_is_setting_up_is_waited_for(tmp_path: Path) -> None:
     """Opening a fresh key database while another service holds its first write transaction
-    waits and succeeds, though SQLite answers ``database is locked`` at once to the WAL switch."""
+    waits and succeeds, though SQLite answers ``database is locked`` at once to the WAL switch.
+    """
     path = tmp_path / "keys.sqlite3"
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another service, half-way through its own setup

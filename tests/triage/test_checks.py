@@ -40,6 +40,7 @@ class Finished:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """The triage demo run to its end once for the module: its world, state and store."""
     root = tmp_path_factory.mktemp("finished")
     world = World.create(root / "world", TASK)
     store = FileStore(root / "runs")
@@ -134,10 +135,12 @@ SPOILERS: dict[str, Spoiler] = {
 
 
 def test_every_check_has_a_spoiler() -> None:
+    """Every check has a spoiler that makes it fail."""
     assert sorted(SPOILERS) == sorted(name for name, _ in CHECKS)
 
 
 def test_the_unspoiled_world_passes_every_check(finished: Finished) -> None:
+    """The world an honest run leaves passes every check."""
     verdicts = run_checks(world=finished.world, state=finished.state, store_dir=finished.store_dir)
     assert [v.name for v in verdicts if not v.ok] == []
 
