@@ -149,6 +149,40 @@ def test_all_is_sorted_and_importable() -> None:
         assert getattr(durably, name) is not None, name
 
 
+def test_every_public_name_of_durably_is_in_all() -> None:
+    """A name ``durably`` binds without an underscore (not a submodule) is in ``__all__``, so a
+    re-export added without its entry fails here instead of hiding from star imports.
+    """
+    bound = {
+        name
+        for name, value in vars(durably).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType)
+    }
+    bound.discard("TYPE_CHECKING")  # imported for the typed lazy names, not API
+    assert sorted(bound - set(durably.__all__)) == []
+    assert sorted(set(durably.__all__) - bound) == []
+
+
+def test_every_all_in_the_tree_names_what_its_module_has() -> None:
+    """Every module's ``__all__`` lists each name once, and each one is bound in the module."""
+    checked = 0
+    for module in _modules():
+        names = getattr(module, "__all__", None)
+        if names is None:
+            continue
+        checked += 1
+        assert len(set(names)) == len(names), f"{module.__name__}.__all__ repeats a name"
+        missing = [name for name in names if not hasattr(module, name)]
+        assert missing == [], f"{module.__name__}.__all__ names what it does not bind"
+    assert checked > 20
+
+
+def test_a_misspelt_name_is_an_attribute_error() -> None:
+    """``durably.X`` for a name it does not have raises AttributeError naming it."""
+    with pytest.raises(AttributeError, match="FileStor"):
+        durably.FileStor  # type: ignore[attr-defined]  # noqa: B018
+
+
 def test_classes_claiming_durably_are_exported() -> None:
     """A class whose ``__module__`` is ``durably`` can be imported from ``durably``."""
     claiming = {
