@@ -73,20 +73,23 @@ from .tools import ToolInDoubt as ToolInDoubt
 from .tools import tool as tool
 from .workspace import Workspace as Workspace
 
+
+def _lazy(name: str) -> object:
+    # Integrations load on first use, so `import durably` never imports psycopg; the
+    # version too, as importlib.metadata is among the dearest imports of all.
+    if name == "PostgresStore":
+        from .stores.postgres import PostgresStore
+
+        return PostgresStore
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module 'durably' has no attribute {name!r}")
+
+
 if not TYPE_CHECKING:
     # Hidden from type checkers: a module `__getattr__` would make every misspelt
     # `durably.X` type-check (as `object`). They see the names it gives below instead.
-
-    def __getattr__(name: str) -> object:
-        # Integrations load on first use, so `import durably` never imports psycopg; the
-        # version too, as importlib.metadata is among the dearest imports of all.
-        if name == "PostgresStore":
-            from .stores.postgres import PostgresStore
-
-            return PostgresStore
-        if name == "__version__":
-            return _version()
-        raise AttributeError(f"module 'durably' has no attribute {name!r}")
+    __getattr__ = _lazy
 
 
 _VERSION: str | None = None
