@@ -13,7 +13,6 @@ from typing import Literal, assert_type
 
 import durably
 from durably.state import ApprovalKind, ResolutionOutcome, RunState
-from durably.stores import Store
 from durably.stores.postgres import PostgresStore
 from durably.transports import HttpToolError, McpToolError
 
@@ -117,7 +116,7 @@ def the_seams_take_durablys_own_classes(directory: Path) -> None:
     """The shipped stores are ``Store``s, the scripted model a ``Model``, the approvers
     ``Approver``s; each builds from keywords after its first argument.
     """
-    stores: list[Store] = [
+    stores: list[durably.stores.Store] = [
         durably.FileStore(directory),
         durably.JournalStore(directory),
         durably.PostgresStore("postgresql:///runs"),
