@@ -944,8 +944,11 @@ class _Driver:
 
 
 def _approver_name(approver: object) -> str:
-    """How an approver is named where its answers are recorded: its ``name`` attribute
-    when it has a non-empty string one, else its class name (``TerminalApprover``)."""
+    """How an approver is named where its answers are recorded.
+
+    Its ``name`` attribute when it has a non-empty string one, else its class name
+    (``TerminalApprover``).
+    """
     name = getattr(approver, "name", None)
     if isinstance(name, str) and name.strip():
         return name
