@@ -1,5 +1,7 @@
-"""``durably sweep``: crash the triage agent at every crash point (or power cut, system
-call, random instant) and count what went wrong."""
+"""``durably sweep``: crash the triage agent and count what went wrong.
+
+At every crash point, power cut, system call or random instant.
+"""
 
 from __future__ import annotations
 

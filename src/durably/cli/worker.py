@@ -64,6 +64,8 @@ def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``durably worker`` and ``durably submit`` (the Postgres work queue)."""
+
     def common(command: argparse.ArgumentParser) -> None:
         command.add_argument(
             "--dsn",

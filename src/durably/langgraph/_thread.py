@@ -369,9 +369,9 @@ class ThreadStore(JournalStore):
             data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
             index, valid = replay(data, path=self._path(name))
             if valid < len(data):
-                handle._cut_tail(name, valid)
+                handle._cut_tail(name, valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
             self._remove_stale_logs(key, header.generation, dir_fd)
-            handle._adopt_index(index, generation=header.generation, log_size=valid)
+            handle._adopt_index(index, generation=header.generation, log_size=valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         except BaseException:
             handle.close_sync()
             raise
@@ -463,7 +463,7 @@ class ThreadLog(JournalRun):
         """
         store, fs = self._journal, self._journal.fs
         name = _log_name(self._run_id, self._generation)
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         new_log = self._log_fd is None and self._log_size == 0
         if self._log_fd is None:
             flags = os.O_WRONLY | _NOFOLLOW | (os.O_CREAT | os.O_EXCL if new_log else 0)
@@ -517,7 +517,7 @@ class ThreadLog(JournalRun):
             raise
         if old:
             with suppress(FileNotFoundError):
-                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())
+                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         faults.point("langgraph.rewrite.done")
         index = Index()
         for record in records:
@@ -530,7 +530,7 @@ class ThreadLog(JournalRun):
         """Remove the thread: its header first (durably), then its logs. The lock stays."""
         self._check_usable()
         store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         name = self._run_id + _HEADER_SUFFIX
         if self._log_fd is not None:
             fs.close(self._log_fd)
@@ -540,7 +540,7 @@ class ThreadLog(JournalRun):
         if store.sync:
             self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
         faults.point("langgraph.delete.header_removed")
-        store._remove_stale_logs(self._run_id, -1, dir_fd)
+        store._remove_stale_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         self.index = Index()
         self.exists = False
         self.previous.clear()

@@ -427,19 +427,19 @@ class FileRun:
         store = self._store
         lock_name = self._run_id + _LOCK_SUFFIX
         try:
-            info = store.fs.lstat(lock_name, dir_fd=store._directory_fd())
+            info = store.fs.lstat(lock_name, dir_fd=store._directory_fd())  # noqa: SLF001 -- the run handle is part of its store (same module)
         except OSError:
             info = None
         if info is None or (info.st_dev, info.st_ino) != self._lock_inode:
             self._broken = "the lock file was deleted or replaced while held"
-            raise LockLost(run_id=self._run_id, path=store._path(lock_name))
+            raise LockLost(run_id=self._run_id, path=store._path(lock_name))  # noqa: SLF001 -- the run handle is part of its store (same module)
 
     def _write_snapshot(self, data: bytes) -> None:
         """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""
         store = self._store
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (same module)
         name = self._run_id + _STATE_SUFFIX
-        store._refuse_symlink(name, dir_fd)
+        store._refuse_symlink(name, dir_fd)  # noqa: SLF001 -- the run handle is part of its store (same module)
         replace_file(
             store.fs,
             dir_fd,
@@ -460,7 +460,7 @@ class FileRun:
             self._broken = reason
             self._store.close()
         if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
-            return UnsafePath(path=self._store._path(name), reason="something is in the way")
+            return UnsafePath(path=self._store._path(name), reason="something is in the way")  # noqa: SLF001 -- the run handle is part of its store (same module)
         return SaveFailed(
             run_id=self._run_id, path=self._store.describe(self._run_id), reason=reason
         )

@@ -204,7 +204,7 @@ class _Saves:
 
 def _tracked(store: FileStore, saves: _Saves) -> FileStore:
     """``store``, its handles recording each save's state as it begins and when it returns."""
-    new_handle = store._new_handle
+    new_handle = store._new_handle  # noqa: SLF001 -- the sweep watches each handle the store makes
 
     def tracked_handle(run_id: str, lock_fd: int) -> FileRun:
         handle = new_handle(run_id, lock_fd)
@@ -218,7 +218,7 @@ def _tracked(store: FileStore, saves: _Saves) -> FileStore:
         handle.save_sync = save  # type: ignore[method-assign]
         return handle
 
-    store._new_handle = tracked_handle  # type: ignore[method-assign]
+    store._new_handle = tracked_handle  # type: ignore[method-assign]  # noqa: SLF001 -- the sweep watches each handle the store makes
     return store
 
 

@@ -161,8 +161,10 @@ class TriageJob:
 
 
 def world_effects(triage_world: World) -> Counter[str]:
-    """Every effect the receivers of a world performed: issues by cause, comments by issue
-    and text, patches by file (from the patch ledger)."""
+    """Every effect the receivers of a world performed.
+
+    Issues by cause, comments by issue and text, patches by file (from the patch ledger).
+    """
     with triage_world.tracker(sync=False) as tracker:  # closed: a sweep opens thousands
         causes = {issue.number: issue.cause for issue in tracker.issues()}
         bodies = {comment.id: comment.body for comment in tracker.comments()}

@@ -282,7 +282,7 @@ class World:
             )
         made_root = not world.root.exists()
         try:
-            world._lay_out(task, marker)
+            world._lay_out(task, marker)  # noqa: SLF001 -- the class's own constructor
         except (OSError, sqlite3.Error) as exc:
             if made_root:
                 shutil.rmtree(world.root, ignore_errors=True)
