@@ -155,10 +155,11 @@ def test_every_public_name_of_durably_is_in_all() -> None:
     """
     bound = {
         name
-        for name, value in vars(durably).items()
-        if not name.startswith("_") and not isinstance(value, ModuleType)
+        for name in dir(durably)  # with lazily loaded names, if the module lists them
+        if not name.startswith("_") and not isinstance(getattr(durably, name), ModuleType)
     }
     bound.discard("TYPE_CHECKING")  # imported for the typed lazy names, not API
+    bound.discard("PostgresStore")  # lazy and kept out of __all__ (see the test below)
     assert sorted(bound - set(durably.__all__)) == []
     assert sorted(set(durably.__all__) - bound) == []
 
