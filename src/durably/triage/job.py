@@ -14,9 +14,9 @@ from ..approval import Approver, Done, Rerun, ResolveRequest
 from ..loop import Agent
 from ..models import CallLog
 from ..state import RunState
-from ..sweep._tree import Tree
-from ..sweep.core import RUN_ID, digest_files
-from ..sweep.core import World as SweepWorld
+from ..sweep import RUN_ID, digest_files
+from ..sweep import World as SweepWorld
+from ..sweep.tree import Tree
 from .agent import build_agent, replay_model
 from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
