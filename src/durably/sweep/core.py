@@ -503,6 +503,7 @@ def _restart_and_judge(
     paid_twice = 0
     restart_record: dict[str, Any] | None = None
     finished = False
+    final: RunState | None = None
     for restart in range(1, MAX_RESTARTS + 1):
         saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
@@ -518,9 +519,12 @@ def _restart_and_judge(
         if status != 0:
             error = error or f"restart {restart} failed (status {status})"
             break
-        finished = world.read().phase is Phase.DONE
+        final = world.read()
+        finished = final.phase is Phase.DONE
         break
-    return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
+    return _judge(
+        job, world, spec, reference, finished, paid_twice, restart_record, error, state=final
+    )
 
 
 def _saved_turns(world: World) -> int:
@@ -539,7 +543,10 @@ def _judge(
     paid_twice: int,
     restart_record: dict[str, Any] | None,
     error: str | None,
+    *,
+    state: RunState | None = None,
 ) -> ScenarioResult:
+    """Judge the world a scenario left; ``state``, if given, is its saved state, read already."""
     effects = job.effects(world)
     duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
     lost = sum(max(0, n - effects[e]) for e, n in reference.items())
@@ -549,7 +556,7 @@ def _judge(
     failed: list[str] = []
     steps: Counter[str] = Counter()
     try:
-        state = world.read()
+        state = state if state is not None else world.read()
         failed = job.checks(world, state) if finished else ["run did not finish"]
         steps = Counter(f"step {r.step} {r.outcome}" for r in state.resolutions.values())
     except Exception as exc:
