@@ -307,6 +307,11 @@ def _process(
     the recovery window (see :func:`_window`) has closed and the disk changed.
     """
 
+    # A crash before the start save returned leaves no run: the next process starts it.
+    # Asked here, in the warm parent, where it costs no copied pages: nothing runs
+    # between this look and the child's start.
+    start = first or not world.has_run()
+
     def body() -> None:
         agent = job.agent(world, SweepApprover(job, world))
         prints: list[str] = []
@@ -328,8 +333,6 @@ def _process(
 
         if record is not None:
             plan.on_point = fingerprint
-        # A crash before the start save returned leaves no run: the next process starts it.
-        start = first or not world.has_run()
         with faults.installed(plan):
             if start:
                 asyncio.run(agent.run(job.task(), run_id=RUN_ID))
