@@ -15,8 +15,10 @@ sweep's cost per scenario is reported as a multiple of it (wall time x workers
 / scenarios / baseline): how many plain runs one crash scenario costs, whatever
 the machine's speed. The same ratio is also given in CPU time (every process's
 user and system time), which other work on the machine disturbs less than wall
-time. The target (issue 19): at most 1.0 plain run per scenario, the median of
-the repeats' ratios. Absolute times depend on the machine and its load; compare
+time (a loaded machine slows the baseline's single process more than a sweep's
+workers, and the wall ratio then flatters the sweep). The target (issue 19): at
+most 1.0 plain run per scenario, the median of the repeats' ratios, in wall and
+in CPU time both. Absolute times depend on the machine and its load; compare
 runs made on the same one.
 
 ``--ballast MB`` makes the caller hold that much memory in small Python objects
@@ -173,8 +175,8 @@ def main() -> None:
     print(f"cost per scenario {per_scenario * 1000:.1f} ms of a worker")
     print(
         f"plain runs per scenario (median of {len(wall_ratios)}): wall {wall_ratio:.2f}, "
-        f"CPU {cpu_ratio:.2f}; target <= {TARGET}: "
-        f"{'met' if wall_ratio <= TARGET else 'NOT met'}"
+        f"CPU {cpu_ratio:.2f}; target <= {TARGET} (both): "
+        f"{'met' if max(wall_ratio, cpu_ratio) <= TARGET else 'NOT met'}"
     )
     if len(kinds) == 2:
         fork, fresh = (statistics.median(times[kind]) for kind in kinds)
