@@ -78,7 +78,7 @@ def __getattr__(name: str) -> object:
     # Integrations load on first use, so `import durably` never imports psycopg; the
     # version too, as importlib.metadata is among the dearest imports of all.
     if name == "PostgresStore":
-        from .stores.postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore
     if name == "__version__":
@@ -90,7 +90,7 @@ _VERSION: str | None = None
 
 if TYPE_CHECKING:
     # What __getattr__ gives, as type checkers should see it (never imported at run time).
-    from .stores.postgres import PostgresStore as PostgresStore
+    from .postgres.store import PostgresStore as PostgresStore
 
     __version__: str  # given by __getattr__, so importlib.metadata loads on first use
 

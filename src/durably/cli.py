@@ -680,13 +680,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- Postgres workers: `durably worker` and `durably submit` ---------------------------
-# Kept in one block: the commands live in durably.worker; only their wiring is here.
+# Kept in one block: the commands live in durably.postgres.worker; only their wiring is here.
 
 
 def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from .worker import serve
+    from .postgres.worker import serve
 
     try:
         asyncio.run(
@@ -708,7 +708,7 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
 def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from .worker import submit_command
+    from .postgres.worker import submit_command
 
     try:
         run_id = asyncio.run(
@@ -741,7 +741,7 @@ def _add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
             action="append",
             default=[],
             metavar="MODULE",
-            help="import MODULE first; it registers agents with durably.worker.register",
+            help="import MODULE first; it registers agents with durably.postgres.register",
         )
 
     worker = commands.add_parser(

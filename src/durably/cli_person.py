@@ -55,7 +55,7 @@ class StoreChoice:
         """Where the store is, for messages and page titles."""
         if self.directory is not None:
             return str(self.directory)
-        from .stores.postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore(self.dsn or "").describe("").split(" ", 1)[0]
 
@@ -100,7 +100,7 @@ async def opened_store(choice: StoreChoice) -> AsyncIterator[Store]:
         finally:
             directory.close()
         return
-    from .stores.postgres import PostgresStore
+    from .postgres.store import PostgresStore
 
     async with PostgresStore(choice.dsn or "") as postgres:
         yield postgres
