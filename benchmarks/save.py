@@ -184,7 +184,7 @@ def run_fixed(base: str, *, quick: bool) -> None:
                 else:
                     floor.append(timed(partial(floor_save, floor_fd, data, counter)))
         handle.close_sync()
-        store.close()
+        store.close_sync()
         os.close(floor_fd)
         s_med, f_med = statistics.median(stored), statistics.median(floor)
         s_p99, f_p99 = p99(stored), p99(floor)
@@ -435,7 +435,7 @@ class DurablyContender(Contender):
 
     def close(self) -> None:
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 _RECORD_HEADER = struct.Struct("<4sII")
@@ -771,7 +771,7 @@ class TurnContender:
 
     def close(self) -> None:
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 def run_marker(base: str, *, turns: int, rounds: int, seed: int) -> None:

@@ -98,7 +98,7 @@ async def opened_store(choice: StoreChoice) -> AsyncIterator[Store]:
         try:
             yield directory
         finally:
-            directory.close()
+            await directory.close()
         return
     from .postgres.store import PostgresStore
 

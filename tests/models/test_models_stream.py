@@ -68,7 +68,7 @@ def test_a_streamed_run_shows_each_reply_in_pieces_before_it_is_saved(
             asyncio.run(go())
             state = store.read_sync(store.list_runs_sync()[0])
         finally:
-            store.close()
+            store.close_sync()
 
     print(f"\n{provider}: the first events of a streamed m1 run")
     for event in events[:14]:
@@ -150,7 +150,7 @@ def test_a_process_killed_mid_stream_asks_again_exactly_once(tmp_path: Path, pro
                 asyncio.run(resume())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     assert fake.turns() == [1, 2, 2, 3]
     assert fake.seen[2].body == fake.seen[1].body  # the same question, byte for byte
     assert [m.turn for m in state.messages if isinstance(m, AssistantMessage)] == [1, 2, 3]

@@ -290,6 +290,15 @@ class CheckedStore:
     def describe(self, run_id: str) -> str:
         return self._store.describe(run_id)
 
+    async def close(self) -> None:
+        await self._store.close()
+
+    async def __aenter__(self) -> CheckedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
 
 def drive(backend: Backend, data: st.DataObject, target: str) -> None:
     """One run with wild user code; every save is read back; only durably's errors escape."""
