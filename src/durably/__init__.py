@@ -46,6 +46,7 @@ from .keys import new_run_id as new_run_id
 from .loop import Agent as Agent
 from .loop import ContextPolicy as ContextPolicy
 from .loop import Event as Event
+from .loop import EventKind as EventKind
 from .loop import Limits as Limits
 from .loop import Outcome as Outcome
 from .models import Call as Call
@@ -129,6 +130,7 @@ __all__ = [
     "DurablyError",
     "Effect",
     "Event",
+    "EventKind",
     "FileStore",
     "Found",
     "InvalidRunId",

@@ -76,7 +76,7 @@ from .stores import RunHandle, Store
 from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError, ToolResultError
 from .workspace import Workspace, sha256_bytes
 
-__all__ = ["Agent", "ContextPolicy", "Event", "Limits", "Outcome", "shielded"]
+__all__ = ["Agent", "ContextPolicy", "Event", "EventKind", "Limits", "Outcome", "shielded"]
 
 log = logging.getLogger("durably.loop")
 _T = TypeVar("_T")
@@ -187,14 +187,54 @@ class ContextPolicy:
         return True
 
 
+EventKind = Literal[
+    "started",
+    "resumed",
+    "reply",
+    "call",
+    "in-doubt",
+    "result",
+    "approval",
+    "approved",
+    "refused",
+    "unavailable",
+    "ladder",
+    "paused",
+    "done",
+    "text-delta",
+    "arguments-delta",
+]
+"""Every kind of :class:`Event` the loop emits (``Event``'s docstring says what each carries)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """Something the loop did, for live output (the CLI) and tests."""
+    """Something the loop did, for live output (the CLI) and tests.
 
-    kind: str
-    """``started``, ``resumed``, ``reply``, ``call``, ``result``, ``ladder``, ``approval``,
-    ``paused``, ``done``; from a streaming model, before its ``reply``: ``text-delta``
-    (``turn``, ``text``) and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``)."""
+    Kinds, with what ``data`` holds:
+
+    - ``started`` (``task``): a new run was saved (save point 1);
+    - ``resumed`` (``phase``, ``turns``, ``resumes``): this process took a run over;
+    - ``reply`` (``turn``, ``text``, ``calls`` as (call ID, tool) pairs, ``dollars``):
+      a model reply was saved (save point 2);
+    - ``call`` (``call_id``, ``tool``, ``effect``): a tool call starts;
+    - ``in-doubt`` (``call_id``, ``tool``, ``reason``): a tool sent a request and got
+      no answer (``ToolInDoubt``); the ladder settles the call;
+    - ``result`` (``call_id``, ``tool``, ``is_error``, ``content``): a call's result was saved;
+    - ``approval`` (``call_id``, ``tool``): the approver is asked about a call;
+    - ``approved`` / ``refused`` (``call_id``, ``tool``): its answer;
+    - ``unavailable`` (``call_id``, ``tool``, ``reason``): the approver could not be
+      asked; the run pauses with the question saved;
+    - ``ladder`` (``call_id``, ``tool``, ``step``, ``outcome``): an in-doubt call's verdict;
+    - ``paused`` (``pending``: call IDs): the run waits for a person (save point 5);
+    - ``done`` (``answer``, ``turns``, ``dollars``): the answer was saved (save point 5);
+    - from a streaming model, before its ``reply``: ``text-delta`` (``turn``, ``text``)
+      and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``), sent to the
+      observer only, never logged.
+    """
+
+    kind: EventKind
+    """One of :data:`EventKind`."""
     run_id: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -497,7 +537,7 @@ class _Driver:
         await shielded(self.handle.save(self.state))
         faults.point(f"loop.saved.{label}")
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, kind: EventKind, **data: Any) -> None:
         call_id = data.get("call_id")
         log.info(
             "%s %s",
