@@ -13,12 +13,12 @@ from _console_runs import HOSTILE, RUN, agent_for, paused_run
 from starlette.testclient import TestClient
 
 import durably
-from durably.cli_person import StoreChoice
 from durably.console.pages import Page, run_page
 from durably.console.server import create_app
 from durably.decisions import answer
 from durably.errors import StoreUnavailable
 from durably.state import Phase, Resolution, ResolutionOutcome
+from durably.storechoice import StoreChoice
 from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 

@@ -14,12 +14,12 @@ from starlette.testclient import TestClient
 
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import main
-from durably.cli_person import StoreChoice
 from durably.console.server import create_app
 from durably.decisions import AskLater
 from durably.errors import RunNotFound
 from durably.postgres import PostgresStore, Registry, submit, work
 from durably.state import Phase
+from durably.storechoice import StoreChoice
 
 pytestmark = pytest.mark.postgres
 

@@ -20,6 +20,7 @@ import pytest
 
 from durably import cli as durably_cli
 from durably.cli import EXIT
+from durably.cli import runs as cli_runs
 from durably.triage.tracker import normalize_cause
 from durably.triage.world import TASKS, World, load_task
 
@@ -402,7 +403,7 @@ def test_an_error_the_system_raised_is_one_line_with_a_fitting_hint(
     def refused(*args: object) -> int:
         raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
 
-    monkeypatch.setattr(durably_cli, "_cmd_runs", refused)
+    monkeypatch.setattr(cli_runs, "_cmd_runs", refused)
     with pytest.raises(SystemExit) as exited:
         durably_cli.main(["runs", "--state", str(tmp_path)])
     assert exited.value.code == EXIT["failed"]

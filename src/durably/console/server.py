@@ -33,10 +33,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli_person import StoreChoice, opened_store
 from ..decisions import answer, parse_answer
 from ..errors import AnswerRefused, DurablyError, InvalidRunId, OwnershipError, RunNotFound
 from ..state import RunState
+from ..storechoice import StoreChoice, opened_store
 from ..stores import Store
 from .pages import FileCheck, Page, error_page, questions_page, run_page, runs_page
 

@@ -20,44 +20,24 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import DurablyError, RunNotFound
+from .._exit import EXIT
+from ..errors import DurablyError, RunNotFound
+from ..storechoice import StoreChoice, opened_store
+from ._args import positive_int
 
 if TYPE_CHECKING:
     # Only for annotations: `durably --help` must not pay for asyncio, rich or the
     # loop (tests/test_startup.py); each command imports what it uses when it runs.
     from rich.console import Console
 
-    from .stores import Store
 
-__all__ = ["StoreChoice", "add_person_commands", "choose_store", "load_factory", "opened_store"]
+__all__ = ["add_person_commands", "choose_store", "load_factory"]
 
 Handler = Callable[[argparse.Namespace, "Console", "Console"], int]
-
-
-class StoreChoice:
-    """Which store a command works on, as the command line named it.
-
-    Args:
-        directory: a file store's directory.
-        dsn: a Postgres connection string (used when ``directory`` is None).
-    """
-
-    def __init__(self, *, directory: Path | None = None, dsn: str | None = None) -> None:
-        self.directory = directory
-        self.dsn = dsn
-
-    def describe(self) -> str:
-        """Where the store is, for messages and page titles."""
-        if self.directory is not None:
-            return str(self.directory)
-        from .postgres.store import PostgresStore
-
-        return PostgresStore(self.dsn or "").describe("").split(" ", 1)[0]
 
 
 def choose_store(args: argparse.Namespace) -> StoreChoice:
@@ -88,24 +68,6 @@ def choose_store(args: argparse.Namespace) -> StoreChoice:
     return StoreChoice(directory=directory)
 
 
-@asynccontextmanager
-async def opened_store(choice: StoreChoice) -> AsyncIterator[Store]:
-    """The store ``choice`` names, closed on the way out."""
-    if choice.directory is not None:
-        from .stores.directory import DirectoryStore
-
-        directory = DirectoryStore(choice.directory)
-        try:
-            yield directory
-        finally:
-            await directory.close()
-        return
-    from .postgres.store import PostgresStore
-
-    async with PostgresStore(choice.dsn or "") as postgres:
-        yield postgres
-
-
 def load_factory(spec: str) -> Callable[..., Any]:
     """The callable ``MODULE:NAME`` names, imported (the current directory is importable).
 
@@ -134,7 +96,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     """Call an agent factory: with the run ID when it takes an argument, else with none."""
-    from .loop import Agent
+    from ..loop import Agent
 
     try:
         required = [
@@ -162,7 +124,7 @@ def _error(errors: Console, problem: object) -> None:
 
 
 async def _pending(choice: StoreChoice) -> tuple[list[dict[str, Any]], list[str]]:
-    from .decisions import questions
+    from ..decisions import questions
 
     rows: list[dict[str, Any]] = []
     unreadable: list[str] = []
@@ -201,8 +163,6 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
 
     from rich.table import Table
     from rich.text import Text
-
-    from ._exit import EXIT
 
     try:
         choice = choose_store(args)
@@ -251,8 +211,7 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
 def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ._exit import EXIT
-    from .decisions import answer, parse_answer
+    from ..decisions import answer, parse_answer
 
     try:
         choice = choose_store(args)
@@ -292,8 +251,7 @@ def _answerer() -> str:
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ._exit import EXIT
-    from .loop import Limits
+    from ..loop import Limits, shielded
 
     try:
         factory = load_factory(args.agent)
@@ -314,10 +272,19 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
                 max_resumes=args.max_resumes,
             )
         if choice is None:
+            if agent.store is None:
+                raise ValueError(
+                    f"the agent {args.agent} builds has no store (a worker's agent?): "
+                    "name the store: a directory, --state DIR or --dsn"
+                )
             return await agent.resume(args.run)
         async with opened_store(choice) as store:
-            agent.store = store
-            return await agent.resume(args.run)
+            # The agent's own store is not used: the loop drives the run opened here.
+            handle, state = await store.open(args.run)
+            try:
+                return await agent.drive(handle, state)
+            finally:
+                await shielded(handle.close())
 
     try:
         outcome = asyncio.run(go())
@@ -343,7 +310,6 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from ._exit import EXIT
 
     try:
         choice = choose_store(args)
@@ -351,7 +317,7 @@ def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) ->
         _error(errors, exc)
         return EXIT["usage"]
     try:
-        from .console.server import serve
+        from ..console.server import serve
     except ImportError as exc:
         errors.print(
             f"[red]error:[/red] the console needs Starlette and uvicorn ({exc}); "
@@ -393,11 +359,7 @@ def _store_options(command: argparse.ArgumentParser) -> None:
 _STORE_HELP = "the directory your FileStore/JournalStore writes to (default: .durably/runs)"
 
 
-def add_person_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    *,
-    max_resumes: Callable[[str], int],
-) -> None:
+def add_person_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``pending``, ``answer``, ``resume`` and ``console`` on the ``durably`` parser."""
     pending = commands.add_parser("pending", help="list every question waiting for a person")
     pending.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
@@ -434,7 +396,7 @@ def add_person_commands(
         help="a function returning the durably.Agent (given the run ID if it takes an argument)",
     )
     resume.add_argument(
-        "--max-resumes", type=max_resumes, help="allow this many restarts over the run's life"
+        "--max-resumes", type=positive_int, help="allow this many restarts over the run's life"
     )
     resume.set_defaults(handler=_cmd_resume)
 

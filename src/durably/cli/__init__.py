@@ -1,0 +1,146 @@
+"""The ``durably`` command: run the triage demo, inspect checkpoints, list runs, sweep.
+
+One module per command group (:mod:`.triage`, :mod:`.runs`, :mod:`.sweep`,
+:mod:`.worker`, :mod:`.person`); this one builds the parser and maps errors to
+exit codes.
+
+Exit codes (also in ``durably --help``):
+
+====  =========================================================
+0     done (and, for ``triage``, every check passed)
+1     failed: an error that names its cause (corrupt checkpoint, changed workspace, ...)
+2     bad usage
+3     paused: the run waits for a person (resume with the same command)
+4     locked: another process owns the run
+5     limit reached (turns, tokens, dollars, resumes); resume with a higher limit
+6     the run finished but some checks failed
+====  =========================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from .._exit import EXIT as EXIT
+from .._exit import Exit as Exit
+from .._exit import runs_dir as runs_dir
+from ..errors import (
+    ApprovalUnavailable,
+    DurablyError,
+    LimitExceeded,
+    Locked,
+    MaxResumes,
+    OwnershipError,
+)
+from ._args import EPILOG
+from .person import add_person_commands
+from .runs import add_runs_command, add_show_command
+from .sweep import add_sweep_command
+from .triage import add_triage_command
+from .worker import add_worker_commands
+
+if TYPE_CHECKING:
+    # rich and asyncio are imported where a command draws or runs, so `durably --help`
+    # loads neither (benchmarks/startup.py).
+    from rich.console import Console
+
+__all__ = ["EXIT", "main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durably",
+        description="Durable LLM agent runs: crash at any instant, resume without repeats.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_triage_command(commands)
+    add_show_command(commands)
+    add_sweep_command(commands)
+    add_runs_command(commands)
+    add_worker_commands(commands)
+    add_person_commands(commands)
+    return parser
+
+
+def _exit_code(exc: DurablyError) -> int:
+    if isinstance(exc, ApprovalUnavailable):
+        return EXIT["paused"]  # the run is saved as paused, waiting for a person
+    if isinstance(exc, Locked | OwnershipError):
+        return EXIT["locked"]
+    if isinstance(exc, LimitExceeded | MaxResumes):
+        return EXIT["limit"]
+    return EXIT["failed"]
+
+
+_PIPE_WIDTH = 160
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console for output; to a pipe or a file it is 160 columns wide unless COLUMNS says.
+
+    Rich gives a console that is not a terminal 80 columns, which cuts the
+    sweep's table and run IDs short in a log or a CI transcript.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=stderr, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, soft_wrap=True, width=_PIPE_WIDTH)
+    return console
+
+
+_DISK_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+"""Errors that a person mends by freeing space or changing permissions."""
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the ``durably`` command."""
+    args = _parser().parse_args(argv)
+    console, errors = _console(), _console(stderr=True)
+    try:
+        code = args.handler(args, console, errors)
+    except DurablyError as exc:
+        if args.debug:
+            raise
+        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        code = _exit_code(exc)
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing to say, and nobody to say it to.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT["failed"]
+    except OSError as exc:
+        if args.debug:
+            raise
+        # What the disk or the system refused, without a traceback; saved state stays.
+        hint = (
+            "free disk space or fix permissions, then run the command again"
+            if exc.errno in _DISK_REFUSALS
+            else "run the command again once that is mended"
+        )
+        errors.print(
+            f"[red]error:[/red] {exc}; {hint} (what was saved is kept)",
+            soft_wrap=True,
+            highlight=False,
+        )
+        code = EXIT["failed"]
+    except KeyboardInterrupt:
+        errors.print("interrupted; the run is saved where it stopped: run the command again")
+        # Every save has landed and the run's store is closed by now. Tearing the
+        # interpreter down (a provider SDK's modules) takes about a second, which a
+        # person who pressed Ctrl-C should not wait for: flush and leave.
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    sys.exit(code)

@@ -1,0 +1,93 @@
+"""What the ``durably`` commands share: argparse types, the ``--state`` option, the epilog."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from ..errors import InvalidRunId
+from ..keys import validate_run_id
+
+__all__ = [
+    "EPILOG",
+    "non_negative_int",
+    "output_file",
+    "positive_amount",
+    "positive_int",
+    "run_id",
+    "state_option",
+]
+
+EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 3 paused (waiting for a person),
+4 locked (another process owns the run), 5 limit reached, 6 finished but checks failed"""
+
+
+def state_option(command: argparse.ArgumentParser) -> None:
+    """Give ``command`` the demo's ``--state DIR`` option (default: .durably)."""
+    command.add_argument(
+        "--state",
+        type=Path,
+        default=Path(".durably"),
+        help="state directory (default: .durably)",
+    )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 1 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 0 or more")
+    return value
+
+
+def positive_amount(text: str) -> float:
+    """An argparse type: a finite number above 0 (dollars, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive amount: give more than 0")
+    return value
+
+
+def run_id(text: str) -> str:
+    """An argparse type: a valid run ID, checked before it is ever used in a path."""
+    try:
+        return validate_run_id(text)
+    except InvalidRunId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file written at the end, checked at the start.
+
+    A sweep runs for a minute before it writes its report; a path that cannot be
+    written is refused before any of that work is done.
+    """
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory: name a file in it")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the directory {str(path.parent)!r} does not exist: create it first"
+        )
+    if not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the directory {str(path.parent)!r} is not writable")
+    return path

@@ -1,0 +1,195 @@
+"""``durably show`` and ``durably runs``: one run's checkpoint, and a table of runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .._exit import EXIT, runs_dir
+from ..errors import DurablyError
+from ..state import RunState, age, encode_state
+from ..stores.file import FileStore
+from ..stores.journal import JournalStore
+from ._args import run_id as run_id_arg
+from ._args import state_option
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["add_runs_command", "add_show_command", "run_by_prefix", "runs_table", "show"]
+
+
+def show(state: RunState, console: Console) -> None:
+    """Print one run's checkpoint for a person."""
+    from rich.table import Table
+
+    console.print(f"[bold]{state.run_id}[/bold]")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("task", state.task.splitlines()[0][:100] if state.task else "-")
+    table.add_row("phase", f"[bold]{state.phase}[/bold]")
+    table.add_row("turns", str(state.turns))
+    table.add_row(
+        "usage",
+        f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
+    )
+    if state.unsaved_replies:
+        table.add_row(
+            "lost replies",
+            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        )
+    in_flight = state.model_call
+    if in_flight is not None:
+        table.add_row(
+            "model call",
+            f"turn {in_flight.turn} asked {age(in_flight.asked_at)}, "
+            f"up to ${in_flight.worst_dollars:.4f}",
+        )
+    table.add_row("restarts", str(state.resumes))
+    table.add_row("created", state.created_at.isoformat(timespec="seconds"))
+    table.add_row("last saved", age(state.saved_at))
+    if state.answer is not None:
+        table.add_row("answer", state.answer[:300])
+    if state.stop_reason:
+        table.add_row("stopped", state.stop_reason)
+    console.print(table)
+
+    if state.pending:
+        pending = Table(title="waiting for a person", title_justify="left")
+        for column in ("call", "tool", "question", "asked"):
+            pending.add_column(column)
+        for approval in state.pending.values():
+            question = (
+                "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}"
+            )
+            pending.add_row(approval.call_id, approval.tool, question, age(approval.asked_at))
+        console.print(pending)
+
+    if state.markers:
+        markers = Table(title="attempt markers (calls that may have acted)", title_justify="left")
+        for column in ("call", "tool", "idempotency key", "age", "intended files"):
+            markers.add_column(column)
+        for call_id, marker in state.markers.items():
+            files = ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-"
+            markers.add_row(call_id, marker.tool, marker.key, age(marker.started_at), files)
+        console.print(markers)
+
+    reply = state.last_reply()
+    if reply is not None and reply.calls:
+        answered = state.answered()
+        calls = Table(title=f"last reply (turn {reply.turn})", title_justify="left")
+        for column in ("call", "tool", "arguments", "answered"):
+            calls.add_column(column)
+        for call in reply.calls:
+            result = answered.get(call.id)
+            status = "-" if result is None else ("error" if result.is_error else "yes")
+            if call.id in state.markers:
+                status = "[yellow]in doubt[/yellow]"
+            calls.add_row(call.id, call.name, call.arguments[:60], status)
+        console.print(calls)
+
+
+def runs_table(store: FileStore, console: Console, errors: Console) -> int:
+    """Print a table of every run in a store; return how many could not be read."""
+    from rich.table import Table
+
+    table = Table(title=f"runs in {store.directory}", title_justify="left")
+    for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
+        table.add_column(
+            column,
+            justify="right" if column in ("turns", "dollars") else "left",
+            overflow="fold" if column == "run" else "ellipsis",  # a run ID is never cut short
+        )
+    unreadable = 0
+    for run_id in store.list_runs_sync():
+        try:
+            state = store.read_sync(run_id)
+        except DurablyError as exc:
+            unreadable += 1
+            table.add_row(run_id, "[red]unreadable[/red]", "-", "-", "-", "-")
+            errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+            continue
+        table.add_row(
+            run_id,
+            str(state.phase),
+            str(state.turns),
+            f"${state.dollars:.4f}",
+            str(state.resumes),
+            age(state.saved_at),
+        )
+    console.print(table)
+    return unreadable
+
+
+def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
+    """The run ``given`` names, as git names commits: a whole ID, or the start of only one.
+
+    Returns the run ID, or every run ID ``given`` starts when there is more than
+    one. A prefix of none is returned as given, so reading it fails naming it.
+    """
+    runs = store.list_runs_sync()
+    if given in runs:
+        return given
+    matches = [run for run in runs if run.startswith(given)]
+    if len(matches) > 1:
+        return matches
+    return matches[0] if matches else given
+
+
+def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
+    run = run_by_prefix(store, args.run)
+    if isinstance(run, list):
+        errors.print(
+            f"error: {args.run!r} starts {len(run)} run IDs: {', '.join(run)}; give more of the ID",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return EXIT["usage"]
+    state = store.read_sync(run)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
+    else:
+        show(state, console)
+    return EXIT["done"]
+
+
+def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    # A directory given by itself is the one a FileStore/JournalStore was given.
+    directory = Path(args.store) if args.store else runs_dir(args.state)
+    if not directory.is_dir():
+        # An empty table would hide a mistyped --state; nothing is created here.
+        errors.print(
+            f"no runs: {directory} does not exist (nothing has run with --state {args.state}; "
+            "check the path)",
+            highlight=False,
+        )
+        return EXIT["done"]
+    unreadable = runs_table(JournalStore(directory), console, errors)
+    return EXIT["failed"] if unreadable else EXIT["done"]
+
+
+def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``durably show`` on the ``durably`` parser."""
+    show_cmd = commands.add_parser("show", help="show one run's checkpoint")
+    show_cmd.add_argument(
+        "run", type=run_id_arg, help="run ID, or its start if no other run ID starts so"
+    )
+    state_option(show_cmd)
+    show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
+    show_cmd.set_defaults(handler=_cmd_show)
+
+
+def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``durably runs`` on the ``durably`` parser."""
+    runs_cmd = commands.add_parser("runs", help="list runs")
+    runs_cmd.add_argument(
+        "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
+    )
+    state_option(runs_cmd)
+    runs_cmd.set_defaults(handler=_cmd_runs)

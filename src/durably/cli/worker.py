@@ -1,0 +1,107 @@
+"""``durably worker`` and ``durably submit``: Postgres workers.
+
+The commands live in :mod:`durably.postgres.worker`; only their wiring is here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._exit import EXIT
+from ._args import positive_amount, positive_int
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["add_worker_commands"]
+
+
+def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
+    from ..postgres.worker import serve
+
+    try:
+        asyncio.run(
+            serve(
+                dsn=args.dsn,
+                concurrency=args.concurrency,
+                state_dir=args.state,
+                lease=args.lease,
+                imports=args.imports,
+                say=console.print,
+            )
+        )
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        return EXIT["usage"]
+    return EXIT["done"]
+
+
+def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
+    from ..postgres.worker import submit_command
+
+    try:
+        run_id = asyncio.run(
+            submit_command(
+                dsn=args.dsn,
+                agent_name=args.agent,
+                task=args.task,
+                run_id=args.run,
+                imports=args.imports,
+            )
+        )
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        return EXIT["usage"]
+    console.print(run_id, highlight=False)
+    return EXIT["done"]
+
+
+def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def common(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--dsn",
+            default=os.environ.get("DURABLY_DSN"),
+            required="DURABLY_DSN" not in os.environ,
+            help="PostgreSQL connection string (default: $DURABLY_DSN)",
+        )
+        command.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="import MODULE first; it registers agents with durably.postgres.register",
+        )
+
+    worker = commands.add_parser(
+        "worker", help="claim runs from a Postgres store and carry them on until SIGTERM"
+    )
+    common(worker)
+    worker.add_argument(
+        "--concurrency", type=positive_int, default=4, help="runs at once (default: 4)"
+    )
+    worker.add_argument(
+        "--state",
+        type=Path,
+        default=Path(".durably"),
+        help="directory for agents that keep files, given to their durably.agents hooks "
+        "(the triage demo keeps its worlds there; default: .durably)",
+    )
+    worker.add_argument(
+        "--lease", type=positive_amount, default=15.0, help="lease length in seconds (default: 15)"
+    )
+    worker.set_defaults(handler=_cmd_worker)
+
+    submit = commands.add_parser("submit", help="queue a run for a worker to start")
+    common(submit)
+    submit.add_argument("--agent", required=True, help="registered agent name, e.g. triage:TASK")
+    submit.add_argument("--task", help="the task (default: the agent's own, for triage)")
+    submit.add_argument("--run", help="use this run ID (default: a new one)")
+    submit.set_defaults(handler=_cmd_submit)
