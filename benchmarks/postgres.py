@@ -8,16 +8,29 @@ settings, the floor: a single-row ``UPDATE floor SET state = $1 WHERE id = $2``
 commit with the same payload bytes and no serialization. Store and floor phases
 alternate, twice each, so drift of the machine hits both.
 
+The whole sweep is repeated (``--repeat``, default 3); the verdict takes the
+median over repeats of the rate ratio at 32 runs (target: >= 0.95).
+
+Then LangGraph (``--langgraph-bytes``, default 50 KB; skipped when
+``langgraph-checkpoint-postgres`` is not installed): one run, one save at a
+time, ``PostgresRun.save`` of a state of that size against LangGraph's
+``PostgresSaver.put`` of a checkpoint holding the same messages as LangChain
+messages (a new version of the ``messages`` channel each put, as a graph step
+makes), the two alternating one call at a time on the same server. The verdict
+is the ratio of the medians (target: durably <= 0.5x).
+
 Unless ``--dsn`` is given, a throwaway cluster is started (initdb/pg_ctl in a temp
 dir, ``fsync=on``, as an unprivileged user when run as root) and removed after.
 
-Run: ``.venv/bin/python benchmarks/postgres.py [--seconds 2] [--bytes 8000] [--dsn DSN]``.
+Run: ``.venv/bin/python benchmarks/postgres.py [--seconds 2] [--bytes 8000]
+[--repeat 3] [--langgraph-bytes 50000] [--langgraph-puts 200] [--dsn DSN]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -32,14 +45,27 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from durably.postgres import PostgresRun, PostgresStore
-from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, Usage, UserMessage
+from durably.state import (
+    AssistantMessage,
+    Message,
+    RunState,
+    ToolCall,
+    ToolResult,
+    Usage,
+    UserMessage,
+)
 from durably.stores._envelope import seal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
 # The tests' throwaway-cluster helper: one way to start a server, for both.
 from _pg_cluster import Cluster
 
+HERE = Path(__file__).resolve().parent
 CONCURRENCY = (1, 8, 32)
+RATE_TARGET = 0.95
+"""Store saves/s over floor saves/s at 32 runs: at least this."""
+LANGGRAPH_TARGET = 0.5
+"""durably's median save over PostgresSaver.put's median: at most this."""
 
 
 def build_state(run_id: str, approx_bytes: int) -> RunState:
@@ -94,7 +120,9 @@ async def hammer(
     return len(latencies), time.perf_counter() - start, latencies
 
 
-async def measure(dsn: str, concurrency: int, seconds: float, size: int) -> dict[str, Any]:
+async def measure(
+    dsn: str, concurrency: int, seconds: float, size: int, *, tag: int = 0
+) -> dict[str, Any]:
     """Store and floor figures for one concurrency."""
     pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
         dsn,
@@ -107,7 +135,7 @@ async def measure(dsn: str, concurrency: int, seconds: float, size: int) -> dict
     results: dict[str, list[tuple[int, float, list[float]]]] = {"store": [], "floor": []}
     try:
         store = PostgresStore(pool=pool, lease=timedelta(seconds=60))
-        states = [build_state(f"bench-{concurrency}-{i}", size) for i in range(concurrency)]
+        states = [build_state(f"bench-{tag}-{concurrency}-{i}", size) for i in range(concurrency)]
         handles: list[PostgresRun] = [await store.create(s) for s in states]
         payload = seal(states[0])
         async with pool.connection() as conn:
@@ -171,8 +199,134 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("rate = store saves/s over floor saves/s; p50, p99 = store latency over floor latency")
 
 
-async def run_all(dsn: str, seconds: float, size: int) -> list[dict[str, Any]]:
-    return [await measure(dsn, c, seconds, size) for c in CONCURRENCY]
+async def run_all(dsn: str, seconds: float, size: int, *, tag: int = 0) -> list[dict[str, Any]]:
+    """Store and floor figures at each concurrency (``tag`` keeps run IDs unique per repeat)."""
+    return [await measure(dsn, c, seconds, size, tag=tag) for c in CONCURRENCY]
+
+
+def verdict(label: str, value: float, target: float, *, at_least: bool) -> None:
+    met = value >= target if at_least else value <= target
+    sign = ">=" if at_least else "<="
+    print(f"{label:<52} {value:6.2f}  (target {sign} {target}: {'met' if met else 'NOT met'})")
+
+
+# -- LangGraph's PostgresSaver ---------------------------------------------------------
+
+
+def load_langgraph() -> tuple[dict[str, Any] | None, str]:
+    """LangGraph's PostgresSaver and what it needs, or None and why not."""
+    # This directory holds benchmarks/langgraph.py, which would shadow the langgraph package.
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+    try:
+        from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+        from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+        from langgraph.checkpoint.postgres import PostgresSaver
+    except ImportError as exc:
+        return None, (
+            f"PostgresSaver skipped: {exc}; install it with "
+            "`.venv/bin/pip install langgraph-checkpoint-postgres` (a benchmark-only dependency)"
+        )
+    finally:
+        sys.path[:] = saved
+    version = importlib.metadata.version("langgraph-checkpoint-postgres")
+    names = {
+        "AIMessage": AIMessage,
+        "HumanMessage": HumanMessage,
+        "ToolMessage": ToolMessage,
+        "create_checkpoint": create_checkpoint,
+        "empty_checkpoint": empty_checkpoint,
+        "PostgresSaver": PostgresSaver,
+    }
+    return names, f"langgraph-checkpoint-postgres {version}"
+
+
+def to_langchain(lg: dict[str, Any], message: Message) -> Any:
+    """The LangChain message a LangGraph agent would hold for ``message``."""
+    if isinstance(message, AssistantMessage):
+        calls = [
+            {"name": c.name, "args": json.loads(c.arguments), "id": c.id} for c in message.calls
+        ]
+        usage = message.usage
+        return lg["AIMessage"](
+            content=message.text or "",
+            tool_calls=calls,
+            usage_metadata={
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        )
+    if isinstance(message, ToolResult):
+        return lg["ToolMessage"](
+            content=message.content, tool_call_id=message.call_id, name=message.name
+        )
+    return lg["HumanMessage"](content=getattr(message, "text", ""))
+
+
+class SaverThread:
+    """One LangGraph thread checkpointed by ``PostgresSaver.put``, a graph step per put."""
+
+    def __init__(self, lg: dict[str, Any], dsn: str, state: RunState) -> None:
+        from psycopg import Connection
+        from psycopg.rows import dict_row
+
+        self.lg = lg
+        # As PostgresSaver.from_conn_string opens it.
+        self.conn = Connection.connect(
+            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        self.saver = lg["PostgresSaver"](self.conn)
+        self.saver.setup()
+        self.config: dict[str, Any] = {"configurable": {"thread_id": "bench", "checkpoint_ns": ""}}
+        self.messages = [to_langchain(lg, m) for m in state.messages]
+        self.checkpoint = lg["empty_checkpoint"]()
+        self.step = -1
+
+    def put(self) -> None:
+        """Save the next step's checkpoint: a new version of the messages channel."""
+        self.step += 1
+        versions = self.checkpoint["channel_versions"]
+        version = self.saver.get_next_version(versions.get("messages"), None)
+        base = {
+            **self.checkpoint,
+            "channel_values": {"messages": self.messages},
+            "channel_versions": {**versions, "messages": version},
+        }
+        self.checkpoint = self.lg["create_checkpoint"](base, None, self.step)
+        metadata = {"source": "loop", "step": self.step}
+        self.config = self.saver.put(self.config, self.checkpoint, metadata, {"messages": version})
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+async def compare_langgraph(
+    dsn: str, lg: dict[str, Any], size: int, puts: int
+) -> tuple[list[float], list[float], int]:
+    """Latencies of durably's save and of PostgresSaver.put, alternating one call at a time."""
+    store = PostgresStore(dsn, lease=timedelta(seconds=60))
+    state = build_state("bench-langgraph", size)
+    handle = await store.create(state)
+    thread = SaverThread(lg, dsn, state)
+    durably_times: list[float] = []
+    langgraph_times: list[float] = []
+    try:
+        for n in range(puts + 10):  # the first 10 of each warm up, discarded
+            for which in ("durably", "langgraph") if n % 2 else ("langgraph", "durably"):
+                start = time.perf_counter()
+                if which == "durably":
+                    await handle.save(state)
+                else:
+                    thread.put()
+                elapsed = time.perf_counter() - start
+                if n >= 10:
+                    (durably_times if which == "durably" else langgraph_times).append(elapsed)
+    finally:
+        thread.close()
+        await handle.close()
+        await store.close()
+    return durably_times, langgraph_times, len(seal(state))
 
 
 def main() -> None:
@@ -180,25 +334,71 @@ def main() -> None:
     parser.add_argument("--dsn", help="use this server instead of a throwaway cluster")
     parser.add_argument("--seconds", type=float, default=2.0, help="per phase and concurrency")
     parser.add_argument("--bytes", type=int, default=8000, help="sealed state size")
+    parser.add_argument("--repeat", type=int, default=3, help="repeats of the whole sweep")
+    parser.add_argument(
+        "--langgraph-bytes", type=int, default=50_000, help="state size for the LangGraph part"
+    )
+    parser.add_argument(
+        "--langgraph-puts", type=int, default=200, help="timed saves of each in the LangGraph part"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
+    lg, note = load_langgraph()
     cluster = None if args.dsn else Cluster.start()
+    repeats: list[list[dict[str, Any]]] = []
+    compared = None
     try:
         dsn = args.dsn or cluster.dsn  # type: ignore[union-attr]
-        rows = asyncio.run(run_all(dsn, args.seconds, args.bytes))
+        for number in range(args.repeat):
+            repeats.append(asyncio.run(run_all(dsn, args.seconds, args.bytes, tag=number)))
+        if lg is not None:
+            compared = asyncio.run(
+                compare_langgraph(dsn, lg, args.langgraph_bytes, args.langgraph_puts)
+            )
     finally:
         if cluster is not None:
             cluster.stop()
     print(
         f"PostgresStore.save vs a raw single-row UPDATE commit of the same "
-        f"{rows[0]['bytes']} bytes; {args.seconds:g}s per phase; fsync=on; "
+        f"{repeats[0][0]['bytes']} bytes; {args.seconds:g}s per phase; fsync=on; "
         f"{platform.python_implementation()} {platform.python_version()}, "
         f"{platform.machine()}, local server over TCP loopback"
     )
+    for number, rows in enumerate(repeats, start=1):
+        print()
+        print(f"repeat {number} of {len(repeats)}:")
+        print_table(rows)
     print()
-    print_table(rows)
+    for index, concurrency in enumerate(CONCURRENCY):
+        ratios = [
+            r[index]["store"]["saves_per_s"] / r[index]["floor"]["saves_per_s"] for r in repeats
+        ]
+        label = f"rate at {concurrency} runs, median of {len(ratios)} repeats"
+        if concurrency == 32:
+            verdict(label, statistics.median(ratios), RATE_TARGET, at_least=True)
+        else:
+            print(f"{label:<52} {statistics.median(ratios):6.2f}")
+    print()
+    if compared is None:
+        print(note)
+    else:
+        durably_times, langgraph_times, sealed = compared
+        durably_med = statistics.median(durably_times)
+        langgraph_med = statistics.median(langgraph_times)
+        print(
+            f"one run, one save at a time, {sealed} sealed bytes ({note}; "
+            f"{len(durably_times)} timed saves of each, alternating):"
+        )
+        print(f"  PostgresRun.save      median {durably_med * 1000:7.3f} ms")
+        print(f"  PostgresSaver.put     median {langgraph_med * 1000:7.3f} ms")
+        verdict(
+            "durably median / PostgresSaver.put median",
+            durably_med / langgraph_med,
+            LANGGRAPH_TARGET,
+            at_least=False,
+        )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        args.json.write_text(json.dumps(repeats, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import asdict
 from datetime import timedelta
@@ -16,10 +17,18 @@ import pytest
 
 import durably
 from durably import Effect, ToolContext, tool
-from durably.sweep import CONFIGS, SweepReport, World, assert_clean, digest_files, run_sweep
+from durably.sweep import (
+    CONFIGS,
+    SweepReport,
+    World,
+    assert_clean,
+    digest_files,
+    run_sweep,
+    scratch_root,
+)
 from durably.sweep import core as sweep_core
-from durably.sweep._tree import Tree, Uncopyable
 from durably.sweep.powerloss_sweep import run_power_loss_sweep
+from durably.sweep.tree import Tree, Uncopyable
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
 
@@ -156,6 +165,31 @@ def test_a_job_built_from_the_public_api_sweeps_clean_at_depth_two() -> None:
     assert [r.depth for r in rows] == [1, 2] * 3
     assert all(r.scenarios > 0 and r.duplicates == 0 and r.lost == 0 for r in rows)
     assert rows[0].questions == 0  # keys honoured: nothing gets past the ladder's first step
+
+
+class WhereJob(RefundJob):
+    """The refund job, noting where each world it prepares lives."""
+
+    def __init__(self, notes: Path) -> None:
+        self.notes = notes
+
+    def prepare(self, world: World) -> None:
+        super().prepare(world)
+        with self.notes.open("a") as out:
+            out.write(f"{world.root}\n")
+
+
+def test_scenario_worlds_live_in_the_scratch_root(tmp_path: Path) -> None:
+    """Every scenario's world is made under the sweep's scratch root: /dev/shm when writable."""
+    notes = tmp_path / "roots.txt"
+    run_sweep(WhereJob(notes), configs=CONFIGS[:1], depth=1, jobs=1)
+    shm = Path("/dev/shm")
+    writable = shm.is_dir() and os.access(shm, os.W_OK)
+    assert scratch_root() == (str(shm) if writable else None)
+    where = Path(scratch_root() or tempfile.gettempdir())
+    roots = [Path(line) for line in notes.read_text().splitlines()]
+    assert len(roots) > 3
+    assert all(root.is_relative_to(where) for root in roots), roots
 
 
 def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from durably.sweep._tree import Tree, Uncopyable
+from durably.sweep.tree import Tree, Uncopyable
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int, bytes | str | None]]:

@@ -361,7 +361,7 @@ def encode_state(state: RunState) -> bytes:
     return _encoder.encode(state)
 
 
-def decode_state(data: bytes, *, path: str = "<memory>") -> RunState:
+def decode_state(data: bytes | memoryview, *, path: str = "<memory>") -> RunState:
     """Decode a state, migrating older formats and refusing newer ones.
 
     Raises:
@@ -379,8 +379,10 @@ def decode_state(data: bytes, *, path: str = "<memory>") -> RunState:
     # The strict decoder refused it: find out whether it is an older or newer format.
     try:
         document = _probe.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except msgspec.DecodeError as exc:
         raise CheckpointCorrupt(path=path, reason=f"not a JSON object: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointCorrupt(path=path, reason="JSON nested too deeply") from exc
     found = document.get("format", FORMAT)
     if not isinstance(found, int) or isinstance(found, bool):
         raise CheckpointCorrupt(path=path, reason=f"format is {found!r}, not an integer")
@@ -406,7 +408,7 @@ def migrate(document: dict[str, Any], *, path: str = "<memory>") -> RunState:
         raise CheckpointCorrupt(path=path, reason=f"after migration: {exc}") from exc
 
 
-def _decode_current(data: bytes) -> RunState:
+def _decode_current(data: bytes | memoryview) -> RunState:
     state = _decoder.decode(data)
     if state.format != FORMAT:
         # A document of another format may still parse; send it down the slow path.

@@ -223,6 +223,30 @@ def test_a_dropped_connection_is_retried_transparently(pg_dsn: str) -> None:
     run(pg_dsn, scenario)
 
 
+def test_with_stamina_inactive_a_dropped_connection_fails_the_save_at_once(pg_dsn: str) -> None:
+    """stamina.set_active(False) turns the store's retries off: the first failure is SaveFailed."""
+    import stamina
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state_a("r1"))
+        sql(
+            pg_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'durably' AND pid <> pg_backend_pid()",
+        )
+        stamina.set_active(False)
+        try:
+            with pytest.raises(durably.SaveFailed, match="could not be reached"):
+                await handle.save(state_b("r1"))
+        finally:
+            stamina.set_active(True)
+        assert store.stats.retries == 0
+        assert without_saved_at(await store.read("r1")) == state_a("r1")
+        await handle.close()
+
+    run(pg_dsn, scenario)
+
+
 def test_the_lease_expiry_is_the_database_clock_not_the_process_clock(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

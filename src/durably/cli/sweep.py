@@ -227,9 +227,10 @@ def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) 
 def _random_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
     """``durably sweep --random RUNS``: kill the demo at random instants, several times a run."""
     from ..sweep.randomkill import run_random_sweep
+    from ..triage.job import TriageDemo
 
     report = run_random_sweep(
-        task=args.task,
+        TriageDemo(args.task),
         runs=args.random,
         kills=args.kills,
         seed=args.seed,

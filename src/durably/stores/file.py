@@ -45,7 +45,7 @@ from ..errors import (
 )
 from ..keys import RUN_ID_PATTERN, validate_run_id
 from ..state import RunState, utcnow
-from ._envelope import Opened, open_sealed, seal
+from ._envelope import Opened, Sealer, open_sealed
 from ._guard import check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
@@ -383,6 +383,8 @@ class FileRun:
         self._broken: str | None = None
         info = os.fstat(lock_fd)
         self._lock_inode = (info.st_dev, info.st_ino)
+        self._sealer = Sealer()
+        """Keeps the last snapshot's encoded messages: a save encodes only the new ones."""
 
     @property
     def run_id(self) -> str:
@@ -408,12 +410,13 @@ class FileRun:
         if self._lock_fd is not None:
             self._store.fs.close(self._lock_fd)
             self._lock_fd = None
+        self._sealer = Sealer()  # let the kept bytes go with the handle's lock
 
     def save_sync(self, state: RunState) -> None:
         """Blocking form of :meth:`save`."""
         self._check_usable()
         state.saved_at = utcnow()
-        self._write_snapshot(seal(state))
+        self._write_snapshot(self._sealer.seal(state))
 
     def _check_usable(self) -> None:
         if self._lock_fd is None:

@@ -12,14 +12,25 @@ holding just that change: one ``write`` and one ``fdatasync``. A record is
 
     magic (4 bytes) | length (4, little-endian) | CRC-32 of length and payload (4) | payload
 
-where the payload is JSON: ``{"seq": n, "add": [messages...], "set": {field: value}}``.
+where the payload is JSON: ``{"seq": n, "add": [messages...], "set": {field: value},
+"put": {field: {key: value}}, "drop": {field: [key...]}}``. A field that is a
+dict (the workspace, the approvals given, the resolutions...) changes by the
+keys that changed (``put``, ``drop``) rather than whole, so a record's size,
+and the encoding behind it, follow the change and not the run's age.
 When history is rewritten (the context policy's summary) or the log grows past
 a multiple of the snapshot, the store compacts: it creates the log of
 generation G+1 holding only its header record (``{"seq": 0, "run": ..., "gen":
 G+1}``, synced), then writes a new snapshot naming G+1 with the crash-atomic
 protocol, whose directory sync also keeps the new log's name; only then is the
-old log removed. So a snapshot of envelope version 2 always has its log, and a
+old log removed. So a snapshot of envelope version 2 or 3 always has its log, and a
 missing, emptied or foreign log is ``CheckpointCorrupt``.
+
+Envelope versions: 3 is a snapshot whose log may hold ``put``/``drop`` records;
+2 (written before them) is one whose log cannot, so that a durably too old to
+know them refuses the snapshot (unknown version) instead of reading the log
+and skipping fields it does not know. A run opened from a version 1 or 2
+snapshot is compacted into version 3 at its first save, before anything new is
+appended to a log an older durably could read.
 
 The watermark: after each save is durable the owner writes ``(G, last seq)``
 into its lock file (24 bytes with their own CRC, no sync: a process crash keeps
@@ -40,8 +51,10 @@ import logging
 import os
 import struct
 import time
+import typing
 import zlib
 from contextlib import suppress
+from typing import Any
 
 import msgspec
 
@@ -49,7 +62,6 @@ from .. import faults
 from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, check_ranges, utcnow
-from ._envelope import seal
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
@@ -72,6 +84,10 @@ class _Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     seq: int
     add: list[Message] = []
     set: dict[str, msgspec.Raw] = {}
+    put: dict[str, dict[str, msgspec.Raw]] = {}
+    """Dict fields: key -> its new value (version 3 logs only)."""
+    drop: dict[str, list[str]] = {}
+    """Dict fields: keys removed (version 3 logs only)."""
     run: str = ""
     """Header record (seq 0) only: the run the log belongs to."""
     gen: int = 0
@@ -86,6 +102,17 @@ _FIELDS = {
     for f in msgspec.structs.fields(RunState)
     if f.name != "messages"
 }
+_VALUES = {
+    f.name: msgspec.json.Decoder(typing.get_args(f.type)[1])
+    for f in msgspec.structs.fields(RunState)
+    if typing.get_origin(f.type) is dict
+}
+"""The dict fields, changed key by key: name -> decoder of one value."""
+_PLAIN = tuple(name for name in _FIELDS if name not in _VALUES)
+"""The other fields (besides the messages): immutable values, compared by identity first."""
+_ABSENT = object()
+_KEYED_VERSION = 3
+"""The envelope version from which a snapshot's log may hold ``put``/``drop`` records."""
 
 
 def _frame(payload: bytes) -> bytes:
@@ -107,8 +134,30 @@ def _unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
     return payload, end
 
 
-def _encode_fields(state: RunState) -> dict[str, bytes]:
-    return {name: _field_encoder.encode(getattr(state, name)) for name in _FIELDS}
+def _dict_delta(
+    old: dict[str, Any], new: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]] | None:
+    """The keys of ``new`` to put and of ``old`` to drop to turn ``old`` into ``new``.
+
+    None when the whole dict is as short to write, or when replaying the delta
+    would leave the keys in another order than ``new``'s (a key removed and
+    added again moves to the end): the record then sets the whole field.
+    """
+    put = {
+        key: value
+        for key, value in new.items()
+        if (before := old.get(key, _ABSENT)) is not value and before != value
+    }
+    drop = [key for key in old if key not in new]
+    if len(put) + len(drop) >= len(new):
+        return None
+    replayed = dict(old)
+    for key in drop:
+        del replayed[key]
+    replayed.update(put)
+    if list(replayed) != list(new):
+        return None
+    return put, drop
 
 
 def _log_name(run_id: str, generation: int) -> str:
@@ -213,7 +262,8 @@ class JournalStore(FileStore):
                 )
             data = b""  # a version-1 snapshot: compacted and nothing appended since
         header = None if legacy else (run_id, generation)
-        seq, valid = self._replay(state, data, path=path, header=header)
+        keyed = opened.version >= _KEYED_VERSION
+        seq, valid = self._replay(state, data, path=path, header=header, keyed=keyed)
         self._check_watermark(run_id, mark, generation, seq, log=path)
         check_ranges(state, path=path)
         if isinstance(owner, JournalRun):
@@ -223,7 +273,7 @@ class JournalStore(FileStore):
             owner._adopt(
                 state, generation=generation, log_size=valid, snapshot_size=snapshot_size, seq=seq
             )
-            owner._fresh = legacy  # rewrite a version-1 snapshot as version 2 first
+            owner._fresh = not keyed  # rewrite an older snapshot as version 3 first
         return state
 
     def _check_other_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
@@ -269,12 +319,19 @@ class JournalStore(FileStore):
             )
 
     def _replay(
-        self, state: RunState, data: bytes, *, path: str, header: tuple[str, int] | None
+        self,
+        state: RunState,
+        data: bytes,
+        *,
+        path: str,
+        header: tuple[str, int] | None,
+        keyed: bool = True,
     ) -> tuple[int, int]:
         """Apply the log's valid records to ``state``; return (last seq, valid byte length).
 
         ``header`` is the (run, generation) the log's first record must name; None
         for a log continuing a version-1 snapshot, which has no header record.
+        ``keyed``: the snapshot's version allows ``put``/``drop`` records.
         """
         offset, seq = 0, 0
         if header is not None:
@@ -292,17 +349,13 @@ class JournalStore(FileStore):
                 raise CheckpointCorrupt(
                     path=path, reason=f"record {record.seq} at byte {offset} follows {seq}"
                 )
-            state.messages.extend(record.add)
-            for name, raw in record.set.items():
-                decoder = _FIELDS.get(name)
-                if decoder is None:
-                    raise CheckpointCorrupt(path=path, reason=f"record {record.seq} sets {name!r}")
-                try:
-                    setattr(state, name, decoder.decode(raw))
-                except (msgspec.DecodeError, RecursionError) as exc:
-                    raise CheckpointCorrupt(
-                        path=path, reason=f"record {record.seq}, field {name}: {exc}"
-                    ) from exc
+            if (record.put or record.drop) and not keyed:
+                raise CheckpointCorrupt(
+                    path=path,
+                    reason=f"record {record.seq} changes fields by key, which a log of a "
+                    "version 1 or 2 snapshot cannot hold",
+                )
+            _apply(state, record, path=path)
             seq, offset = record.seq, end
         return seq, offset
 
@@ -320,6 +373,43 @@ class JournalStore(FileStore):
         for name, other in self._logs(run_id, dir_fd):
             if other != generation:
                 self.fs.unlink(name, dir_fd=dir_fd)
+
+
+def _apply(state: RunState, record: _Record, *, path: str) -> None:
+    """Apply one record's change to ``state``."""
+    state.messages.extend(record.add)
+    name = ""
+    try:
+        for name, raw in record.set.items():
+            decoder = _FIELDS.get(name)
+            if decoder is None:
+                raise CheckpointCorrupt(path=path, reason=f"record {record.seq} sets {name!r}")
+            setattr(state, name, decoder.decode(raw))
+        for name, keys in record.drop.items():
+            target = _keyed_field(state, name, record.seq, path=path)
+            for key in keys:
+                if target.pop(key, _ABSENT) is _ABSENT:
+                    raise CheckpointCorrupt(
+                        path=path,
+                        reason=f"record {record.seq} drops {name}[{key!r}], which the state "
+                        "does not hold (the log does not continue this snapshot)",
+                    )
+        for name, entries in record.put.items():
+            target = _keyed_field(state, name, record.seq, path=path)
+            value = _VALUES[name]
+            for key, raw in entries.items():
+                target[key] = value.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CheckpointCorrupt(
+            path=path, reason=f"record {record.seq}, field {name}: {exc}"
+        ) from exc
+
+
+def _keyed_field(state: RunState, name: str, seq: int, *, path: str) -> dict[str, Any]:
+    if name not in _VALUES:
+        raise CheckpointCorrupt(path=path, reason=f"record {seq} changes {name!r} by key")
+    target: dict[str, Any] = getattr(state, name)
+    return target
 
 
 def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
@@ -382,7 +472,12 @@ class JournalRun(FileRun):
         self._log_fd: int | None = None
         self._log_size = 0
         self._snapshot_size = 0
+        self._values: dict[str, object] = {}
+        """The plain fields' values at the last save (immutable: same object, same value)."""
         self._fields: dict[str, bytes] = {}
+        """The plain fields' encodings at the last save."""
+        self._dicts: dict[str, dict[str, Any]] = {}
+        """Shallow copies of the dict fields at the last save."""
         self._saved_messages = 0
         self._last_message: Message | None = None
         self._summarized = 0
@@ -397,7 +492,10 @@ class JournalRun(FileRun):
         self._fresh = generation == 0  # a snapshot-store run compacts into a journal first
 
     def _remember(self, state: RunState) -> None:
-        self._fields = _encode_fields(state)
+        """Take ``state`` as what the disk holds (after a load or a compaction)."""
+        self._values = {name: getattr(state, name) for name in _PLAIN}
+        self._fields = {name: _field_encoder.encode(value) for name, value in self._values.items()}
+        self._dicts = {name: dict(getattr(state, name)) for name in _VALUES}
         self._saved_messages = len(state.messages)
         self._last_message = state.messages[-1] if state.messages else None
         self._summarized = state.summarized
@@ -416,17 +514,48 @@ class JournalRun(FileRun):
         if self._fresh or self._rewritten(state) or self._log_due():
             self._compact(state)
             return
-        added = state.messages[self._saved_messages :]
-        fields = _encode_fields(state)
-        changed = {
-            name: msgspec.Raw(value)
-            for name, value in fields.items()
-            if self._fields.get(name) != value
-        }
-        payload = _record_encoder.encode(_Record(seq=self._seq + 1, add=added, set=changed))
-        self._append(_frame(payload))
+        # Only what changed is encoded: a plain field that is the same object as
+        # at the last save is unchanged (its values are immutable), and a dict
+        # field equal to its copy (compared in C, by identity first) is too.
+        values, fields, changed = {}, {}, {}
+        for name in _PLAIN:
+            value = getattr(state, name)
+            if value is self._values[name]:
+                continue
+            values[name] = value
+            fields[name] = encoded = _field_encoder.encode(value)
+            if encoded != self._fields[name]:
+                changed[name] = msgspec.Raw(encoded)
+        put: dict[str, dict[str, msgspec.Raw]] = {}
+        drop: dict[str, list[str]] = {}
+        dicts = {}
+        for name in _VALUES:
+            current: dict[str, Any] = getattr(state, name)
+            if current == self._dicts[name]:
+                continue
+            dicts[name] = dict(current)
+            delta = _dict_delta(self._dicts[name], current)
+            if delta is None:
+                changed[name] = msgspec.Raw(_field_encoder.encode(current))
+                continue
+            puts, drops = delta
+            if puts:
+                put[name] = {k: msgspec.Raw(_field_encoder.encode(v)) for k, v in puts.items()}
+            if drops:
+                drop[name] = drops
+        record = _Record(
+            seq=self._seq + 1,
+            add=state.messages[self._saved_messages :],
+            set=changed,
+            put=put,
+            drop=drop,
+        )
+        self._append(_frame(_record_encoder.encode(record)))
+        # Only now, the save durable: what the next record is the change from.
         self._seq += 1
-        self._fields = fields
+        self._values.update(values)
+        self._fields.update(fields)
+        self._dicts.update(dicts)
         self._saved_messages = len(state.messages)
         self._last_message = state.messages[-1] if state.messages else None
 
@@ -436,7 +565,8 @@ class JournalRun(FileRun):
             return True
         if self._saved_messages == 0:
             return False
-        return state.messages[self._saved_messages - 1] != self._last_message
+        last = state.messages[self._saved_messages - 1]
+        return last is not self._last_message and last != self._last_message
 
     def _log_due(self) -> bool:
         store = self._journal
@@ -519,7 +649,7 @@ class JournalRun(FileRun):
         store, fs = self._journal, self._journal.fs
         old = self._generation
         generation = old + 1
-        data = seal(state, journal=generation)
+        data = self._sealer.seal(state, journal=generation, version=_KEYED_VERSION)
         log_fd = self._new_log(generation)
         try:
             self._write_snapshot(data)  # crash-atomic; its directory sync keeps the new log too

@@ -76,8 +76,8 @@ from typing import Any
 from .. import faults
 from ..state import Phase
 from . import core
-from ._tree import Tree, Uncopyable
 from .core import RUN_ID, Config, ScenarioResult, StoreFactory, SweepJob, SweepReport, World
+from .tree import Tree, Uncopyable
 
 __all__ = [
     "KINDS",
@@ -286,7 +286,7 @@ def _traced(job: SweepJob, world: World, *, first: bool, strace: Sequence[str]) 
             if os.read(ready, 1) != b"1":
                 raise RuntimeError("strace never attached")
             os.close(ready)
-            agent = job.agent(world, core._SweepApprover(job, world))
+            agent = job.agent(world, core.SweepApprover(job, world))
             start = first or RUN_ID not in world.store().list_runs_sync()
 
             async def main() -> None:
@@ -614,12 +614,6 @@ def strace_available() -> bool:
     return shutil.which("strace") is not None
 
 
-def _default_scratch() -> str | None:
-    """A RAM-backed directory when there is one: real fsyncs there cost nothing."""
-    shm = Path("/dev/shm")  # noqa: S108 - each scenario makes its own private directory in it
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
 def _count(
     job: SweepJob, store_name: str, store: StoreFactory, scratch_root: str | None
 ) -> tuple[Trace, Counter[str]]:
@@ -668,7 +662,7 @@ def run_syscall_sweep(
         raise ValueError("give at least one store to sweep")
     if not strace_available():
         raise RuntimeError("the system-call sweep needs strace (apt-get install strace)")
-    scratch_root = scratch if scratch is not None else _default_scratch()
+    scratch_root = scratch if scratch is not None else core.scratch_root()
     results: list[ScenarioResult] = []
     kinds: Counter[tuple[str, int, str, str]] = Counter()
     unreachable: dict[str, int] = {}
