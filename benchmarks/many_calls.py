@@ -48,7 +48,7 @@ def one_run(calls: int, store_type: type[FileStore], directory: Path) -> float:
         outcome = asyncio.run(agent.run("count the stock", name="many"))
         took = time.perf_counter() - started
     finally:
-        store.close()
+        store.close_sync()
     if outcome.status != "done":
         raise SystemExit(f"the run ended {outcome.status}")
     return took

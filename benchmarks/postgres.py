@@ -44,6 +44,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from durably.postgres import PostgresRun, PostgresStore
 from durably.state import (
     AssistantMessage,
     Message,
@@ -54,7 +55,6 @@ from durably.state import (
     UserMessage,
 )
 from durably.stores._envelope import seal
-from durably.stores.postgres import PostgresRun, PostgresStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
 # The tests' throwaway-cluster helper: one way to start a server, for both.

@@ -210,7 +210,7 @@ def run_fixed_once(base: Path, *, quick: bool) -> dict[str, float]:
                 else:
                     floor.append(timed(partial(floor_save, floor_fd, data, counter)))
         handle.close_sync()
-        store.close()
+        store.close_sync()
         os.close(floor_fd)
         s_med, f_med = statistics.median(stored), statistics.median(floor)
         s_p99, f_p99 = p99(stored), p99(floor)
@@ -486,7 +486,7 @@ class DurablyContender(Contender):
     @override
     def close(self) -> None:
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 _RECORD_HEADER = struct.Struct("<4sII")
@@ -847,7 +847,7 @@ class TurnContender:
     def close(self) -> None:
         """Close the run and the store."""
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 def run_marker(base: str, *, turns: int, rounds: int, seed: int) -> None:

@@ -76,7 +76,8 @@ def agent(store: Store | None = None) -> Agent:
     """The refund agent, on the store the service uses (``durably resume --agent``).
 
     Args:
-        store: another store (a worker passes ``durably.worker.WORKER_STORE``).
+        store: another store. A Postgres worker drives the agent on the run it
+            claimed, so the default store is never opened there.
     """
     model = ScriptedModel(
         [

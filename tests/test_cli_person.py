@@ -206,6 +206,36 @@ def test_resume_names_a_bad_agent_factory(
     assert exited.value.code == 2
 
 
+def test_resume_drives_a_storeless_workers_agent_on_the_store_it_names(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """A factory whose agent has no store (a Postgres worker's) resumes on the STORE given,
+    the command handing the run's handle to the loop; without STORE it is a usage error.
+    """
+    (tmp_path / "worker_agents.py").write_text(
+        "import refund_agent\n\n"
+        "def agent(run_id):\n"
+        "    built = refund_agent.agent()\n"
+        "    built.store = None  # as a worker's factory builds it\n"
+        "    return built\n"
+    )
+    spec = "worker_agents:agent"
+
+    storeless = run(tmp_path, "resume", paused_refund, "--agent", spec)
+    assert storeless.returncode == 2
+    assert "has no store" in storeless.stderr
+    assert (
+        run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/").returncode == 0
+    )
+
+    resumed = run(tmp_path, "resume", paused_refund, "runs/", "--agent", spec)
+
+    assert resumed.returncode == 0, resumed.stderr
+    ledger = (tmp_path / "refunds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["order"] for line in ledger] == ["1042"]
+    assert FileStore(tmp_path / "runs").read_sync(paused_refund).phase == "done"
+
+
 def test_resume_stops_at_the_next_question_with_exit_3(
     tmp_path: Path, paused_refund: str, run: Callable[..., Result]
 ) -> None:

@@ -56,7 +56,7 @@ def modelled(tmp_path: Path) -> Iterator[tuple[PowerLossFS, FileStore]]:
     handle.save_sync(numbered_state(2))
     yield fs, store
     handle.close_sync()
-    store.close()
+    store.close_sync()
 
 
 def saved(n: int) -> RunState:
@@ -71,7 +71,7 @@ def load(image: DiskImage, where: Path) -> RunState:
     try:
         return msgspec.structs.replace(store.read_sync("r1"), saved_at=None)
     finally:
-        store.close()
+        store.close_sync()
 
 
 def last(fs: PowerLossFS, kind: str) -> int:

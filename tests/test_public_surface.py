@@ -219,6 +219,18 @@ def test_postgres_store_is_exported_lazily() -> None:
     assert durably.PostgresStore is PostgresStore
 
 
+def test_the_old_postgres_module_names_the_new_package_s_objects() -> None:
+    """Every name ``durably.stores.postgres`` exports is the same object in ``durably.postgres``
+    (the store moved; users' imports keep working).
+    """
+    import durably.postgres
+    import durably.stores.postgres as old
+
+    assert old.__all__
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(durably.postgres, name), name
+
+
 def test_closed_sets_load_from_old_checkpoints_as_enums() -> None:
     """A checkpoint written when ``kind`` and ``outcome`` were plain strings loads as the enums
     and writes back the same bytes.

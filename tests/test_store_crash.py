@@ -40,7 +40,7 @@ def test_a_crash_inside_a_save_leaves_the_old_or_the_new_state(
     store = FileStore(state_dir)
     handle, loaded = store.open_sync("r1")
     handle.close_sync()
-    store.close()
+    store.close_sync()
     expected = state_a("r1") if survivor == "old" else state_b("r1")
     assert without_saved_at(loaded) == expected
     assert loaded.saved_at is not None
@@ -77,7 +77,7 @@ def test_a_crash_inside_the_first_save_leaves_no_half_run(
         handle.close_sync()
         assert temp_files(state_dir) == []
         assert without_saved_at(store.read_sync("r1")) == state_a("r1")
-    store.close()
+    store.close_sync()
 
 
 def test_a_run_held_by_another_process_is_locked_until_that_process_dies(
@@ -112,6 +112,6 @@ def test_a_run_held_by_another_process_is_locked_until_that_process_dies(
     assert json.loads(third.stdout)["outcome"] == "opened", third.stderr
     handle, loaded = store.open_sync("r1")
     handle.close_sync()
-    store.close()
+    store.close_sync()
     assert without_saved_at(loaded) == state_a("r1")
     assert lock.stat().st_ino == inode

@@ -309,7 +309,7 @@ def test_the_async_interface_does_what_the_sync_one_does(state_dir: Path) -> Non
         await handle.close()
         read = await store.read("r1")
         runs = await store.list_runs()
-        store.close()
+        await store.close()
         return opened, read, runs
 
     opened, read, runs = asyncio.run(scenario())
@@ -330,7 +330,7 @@ def test_a_network_file_system_is_refused(state_dir: Path, monkeypatch: pytest.M
         FileStore(state_dir).create_sync(state_a("r1"))
     allowed = FileStore(state_dir, allow_network_fs=True)
     allowed.create_sync(state_a("r1")).close_sync()
-    allowed.close()
+    allowed.close_sync()
 
 
 # -- the crash-atomic protocol -----------------------------------------------------------
@@ -348,7 +348,7 @@ def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -
     handle.save_sync(state_b("r1"))
     saved = list(fs.calls)
     handle.close_sync()
-    store.close()
+    store.close_sync()
     _, temp, flags, mode, fd = saved[2]
     assert isinstance(temp, str)
     assert isinstance(flags, int)
@@ -377,7 +377,7 @@ def test_every_save_uses_a_new_unpredictable_temp_name(state_dir: Path) -> None:
     for _ in range(5):
         handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     temps = [call[1] for call in fs.calls if call[0] == "open" and str(call[1]).endswith(".tmp")]
     assert len(temps) == 6
     assert len(set(temps)) == 6
@@ -391,7 +391,7 @@ def test_with_sync_off_nothing_is_fsynced(state_dir: Path) -> None:
     handle = store.create_sync(state_a("r1"))
     handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     names = [call[0] for call in fs.calls]
     assert "fsync" not in names
     assert names.count("rename") == 2
@@ -402,7 +402,7 @@ def test_a_new_state_directory_is_synced_into_its_parent(tmp_path: Path) -> None
     fs = RecordingFS()
     store = FileStore(tmp_path / "runs", fs=fs)
     store.create_sync(state_a("r1")).close_sync()
-    store.close()
+    store.close_sync()
     assert fs.calls[0] == ("mkdir", str(tmp_path / "runs"), 0o700)
     parent_fd = fs.calls[1][2]
     assert fs.calls[1] == ("open_dir", str(tmp_path), parent_fd)
@@ -488,7 +488,7 @@ def test_the_state_directory_is_0700_and_its_files_0600(tmp_path: Path, umask: i
         handle = store.create_sync(state_a("r1"))
         handle.save_sync(state_b("r1"))
         handle.close_sync()
-        store.close()
+        store.close_sync()
     finally:
         os.umask(previous)
     assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
@@ -724,7 +724,7 @@ def test_every_truncation_of_a_checkpoint_is_corrupt(state_dir: Path) -> None:
     original = path.read_bytes()
     for length in range(len(original)):
         assert attempt_to_load(store, path, original[:length]) == [], length
-    store.close()
+    store.close_sync()
 
 
 def test_a_flipped_byte_is_corrupt_or_harmless(state_dir: Path) -> None:
@@ -742,7 +742,7 @@ def test_a_flipped_byte_is_corrupt_or_harmless(state_dir: Path) -> None:
         loaded = attempt_to_load(store, path, bytes(altered))
         assert all(state == expected for state in loaded)
         corrupt += not loaded
-    store.close()
+    store.close_sync()
     assert corrupt > 250
 
 
@@ -795,7 +795,7 @@ def test_a_save_failing_before_the_rename_keeps_the_old_state(
     assert fs.failures == 2
     assert temp_files(state_dir) == []
     handle.close_sync()
-    store.close()
+    store.close_sync()
     fresh = FileStore(state_dir)
     reopened, loaded = fresh.open_sync("r1")
     reopened.close_sync()
@@ -817,7 +817,7 @@ def test_a_save_that_failed_once_before_the_rename_can_be_retried(
         handle.save_sync(state_b("r1"))
     handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     assert fs.failures == 1
     assert without_saved_at(FileStore(state_dir).read_sync("r1")) == state_b("r1")
     assert temp_files(state_dir) == []
@@ -850,7 +850,7 @@ def test_a_failed_directory_fsync_breaks_the_handle(
     reopened, loaded = store.open_sync("r1")
     reopened.save_sync(state_b("r1"))
     reopened.close_sync()
-    store.close()
+    store.close_sync()
     assert fs.dir_opens == opens_before + 1, "the store opened a new directory descriptor"
     assert without_saved_at(loaded) in (state_a("r1"), state_b("r1"))
     assert temp_files(state_dir) == []

@@ -45,7 +45,7 @@ def test_opening_run_a_never_removes_run_a_b_temp(tmp_path: Path) -> None:
     assert theirs.exists()
     other.save_sync(state_b("a.b"))
     other.close_sync()
-    store.close()
+    store.close_sync()
 
 
 @pytest.mark.parametrize("make", [FileStore, JournalStore])
@@ -68,4 +68,4 @@ def test_a_save_of_a_b_survives_run_a_opened_in_its_middle(
         other._write_snapshot(seal(state_b("a.b")))  # noqa: SLF001 -- a save of the other run, stopped at its temp write
     other.close_sync()
     assert store.read_sync("a.b").messages == state_b("a.b").messages
-    store.close()
+    store.close_sync()

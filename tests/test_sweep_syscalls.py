@@ -182,7 +182,7 @@ def test_a_kill_inside_a_first_save_leaves_no_temp_for_ever(tmp_path: Path) -> N
     assert not (runs / "dead.json").exists()
     store = FileStore(runs, sync=False)
     store.create_sync(state_a("next")).close_sync()
-    store.close()
+    store.close_sync()
     assert [p.name for p in runs.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -202,7 +202,7 @@ def test_an_orphan_temp_whose_run_is_held_is_left_alone(tmp_path: Path) -> None:
         assert temp.exists()
     finally:
         os.close(lock)
-        store.close()
+        store.close_sync()
 
 
 @pytest.mark.slow

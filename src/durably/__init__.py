@@ -46,6 +46,7 @@ from .keys import new_run_id as new_run_id
 from .loop import Agent as Agent
 from .loop import ContextPolicy as ContextPolicy
 from .loop import Event as Event
+from .loop import EventKind as EventKind
 from .loop import Limits as Limits
 from .loop import Outcome as Outcome
 from .models import Call as Call
@@ -78,7 +79,7 @@ def _lazy(name: str) -> object:
     # Integrations load on first use, so `import durably` never imports psycopg; the
     # version too, as importlib.metadata is among the dearest imports of all.
     if name == "PostgresStore":
-        from .stores.postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore
     if name == "__version__":
@@ -96,7 +97,7 @@ _VERSION: str | None = None
 
 if TYPE_CHECKING:
     # What __getattr__ gives, as type checkers should see it (never imported at run time).
-    from .stores.postgres import PostgresStore as PostgresStore
+    from .postgres.store import PostgresStore as PostgresStore
 
     __version__: str  # given by __getattr__, so importlib.metadata loads on first use
 
@@ -135,6 +136,7 @@ __all__ = [
     "DurablyError",
     "Effect",
     "Event",
+    "EventKind",
     "FileStore",
     "Found",
     "InvalidRunId",

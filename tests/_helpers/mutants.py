@@ -245,7 +245,7 @@ def _workspace_unsynced() -> list[tuple[Any, str, Any]]:
 
 
 def _postgres_save_unfenced() -> list[tuple[Any, str, Any]]:
-    from durably.stores import postgres
+    from durably.postgres import store as postgres
 
     unfenced = postgres._SAVE.replace("AND token = %(token)s ", "")
     if unfenced == postgres._SAVE:

@@ -208,7 +208,7 @@ class World:
         try:
             return store.list_runs_sync()
         finally:
-            store.close()
+            store.close_sync()
 
     def run_id(self) -> str:
         """The world's one run."""
@@ -221,11 +221,11 @@ class World:
         try:
             return store.read_sync(run_id or self.run_id())
         finally:
-            store.close()
+            store.close_sync()
 
     def close(self) -> None:
         for store in self._stores:
-            store.close()
+            store.close_sync()
 
 
 # -- tools ----------------------------------------------------------------------------

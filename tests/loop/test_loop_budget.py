@@ -176,7 +176,7 @@ def test_a_triage_run_with_a_budget_just_below_its_cost_never_spends_past_it(
             asyncio.run(agent.run(world.load_task().description, name=task))
         state = store.read_sync(store.list_runs_sync()[0])
     finally:
-        store.close()
+        store.close_sync()
 
     billed = sum(per_turn[t - 1] for t in durably.CallLog(world.model_log).turns())
     assert state.spent <= budget

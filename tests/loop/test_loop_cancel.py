@@ -129,6 +129,16 @@ class WatchedStore:
         """The inner store's description of the run."""
         return self.inner.describe(run_id)
 
+    async def close(self) -> None:
+        """Close the inner store."""
+        await self.inner.close()
+
+    async def __aenter__(self) -> WatchedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
 
 def refund_tool(world: World, *, stall: asyncio.Event | None) -> durably.Tool:
     """A keyed refund that, when ``stall`` is given, sets it and then waits for ever."""
@@ -222,7 +232,7 @@ def test_a_cancel_during_a_save_lets_that_save_finish(world: World) -> None:
     try:
         asyncio.run(scenario())
     finally:
-        files.close()
+        files.close_sync()
 
     # The model-call marker, then the reply's save, held at its fsync and not abandoned.
     assert store.outcomes == ["saved", "saved"]

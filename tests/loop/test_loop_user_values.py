@@ -51,7 +51,7 @@ def reload(world: World, run_id: str) -> durably.RunState:
     try:
         assert journal.read_sync(run_id) == state
     finally:
-        journal.close()
+        journal.close_sync()
     return state
 
 
@@ -453,7 +453,7 @@ def test_an_empty_run_id_is_refused_not_replaced_by_a_new_one(tmp_path: Path) ->
             asyncio.run(agent.run(TASK, run_id=""))
         assert store.list_runs_sync() == []
     finally:
-        store.close()
+        store.close_sync()
 
 
 def test_a_task_the_state_cannot_hold_is_refused_before_a_run_exists(tmp_path: Path) -> None:
@@ -465,7 +465,7 @@ def test_a_task_the_state_cannot_hold_is_refused_before_a_run_exists(tmp_path: P
             asyncio.run(agent.run("refund \udc80"))
         assert store.list_runs_sync() == []
     finally:
-        store.close()
+        store.close_sync()
 
 
 def test_an_observer_that_raises_does_not_stop_the_run(world: World) -> None:

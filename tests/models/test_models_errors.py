@@ -278,7 +278,7 @@ def test_a_model_error_leaves_the_saved_state_as_it_was(tmp_path: Path) -> None:
             await close(second)
         finally:
             await close(first)
-            store.close()
+            store.close_sync()
 
     with serving(fake):
         asyncio.run(run_then_resume())
@@ -421,7 +421,7 @@ def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
                 asyncio.run(run())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     message = str(raised.value)
     print(f"\n{provider} {kind}: {message}")
     for words in EXPECTED[kind]:
@@ -460,7 +460,7 @@ def resume_with_a_context_policy(tmp_path: Path, provider: str, world: World, ru
             asyncio.run(resume())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     assert state.phase is Phase.DONE
     assert state.summary is not None
     sent = fake.seen[0].body["messages"]

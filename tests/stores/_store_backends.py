@@ -40,7 +40,7 @@ def file_backend(directory: Path, store_class: type[FileStore] = FileStore) -> B
         try:
             yield store
         finally:
-            store.close()
+            await store.close()
 
     def plant(run_id: str, data: bytes) -> None:
         (directory / f"{run_id}.json").write_bytes(data)

@@ -26,8 +26,7 @@ from _pg_cluster import Cluster
 from _pg_jobs import CALLS, JOB, Ledger
 from _pg_procs import Child
 
-from durably.stores.postgres import PostgresStore
-from durably.worker import submit
+from durably.postgres import PostgresStore, submit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(150)]
 

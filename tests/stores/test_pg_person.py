@@ -17,10 +17,9 @@ from durably.cli import main
 from durably.console.server import create_app
 from durably.decisions import AskLater
 from durably.errors import RunNotFound
+from durably.postgres import PostgresStore, Registry, submit, work
 from durably.state import Phase
 from durably.storechoice import StoreChoice
-from durably.stores.postgres import PostgresStore
-from durably.worker import WORKER_STORE, Registry, submit, work
 
 pytestmark = pytest.mark.postgres
 
@@ -80,7 +79,7 @@ def test_an_answer_on_postgres_hands_the_run_back_to_the_workers(
     import refund_agent
 
     registry = Registry()
-    make: Callable[[str], object] = lambda run_id: refund_agent.agent(store=WORKER_STORE)  # noqa: E731
+    make: Callable[[str], object] = lambda run_id: refund_agent.agent()  # noqa: E731
     registry.register("refund", make)  # type: ignore[arg-type]
 
     async def queue() -> str:

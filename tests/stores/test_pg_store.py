@@ -15,9 +15,8 @@ import pytest
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
-from durably.stores import postgres
-from durably.stores.postgres import MIGRATIONS, PostgresStore, current_lease
-from durably.worker import submit
+from durably.postgres import MIGRATIONS, PostgresStore, current_lease, submit
+from durably.postgres import store as postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +45,7 @@ def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
 def test_importing_durably_does_not_import_psycopg() -> None:
     """``import durably`` and importing the Postgres store module leave psycopg unimported."""
     code = (
-        "import sys, durably, durably.stores.postgres, durably.worker; "
+        "import sys, durably, durably.stores.postgres, durably.postgres; "
         "print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

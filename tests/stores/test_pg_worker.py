@@ -20,9 +20,10 @@ from _pg_procs import Child
 
 import durably
 from _helpers.samples import state_a
+from durably.postgres import PostgresRun, PostgresStore, Registry, WorkReport, submit, work
+from durably.postgres import queue as postgres_queue
+from durably.postgres import worker as worker_module
 from durably.state import Phase
-from durably.stores.postgres import PostgresRun, PostgresStore
-from durably.worker import Registry, WorkReport, submit, work
 
 pytestmark = pytest.mark.postgres
 
@@ -151,13 +152,13 @@ def test_runs_that_cannot_go_on_are_parked_not_retried(
     Parking is made slow here: a worker that freed the lease before the run was parked
     would claim it again in that gap (this once failed CI, 1 time in many).
     """
-    park = PostgresRun.park
+    park = postgres_queue.park  # what the worker calls, until replaced below
 
-    async def slow_park(self: PostgresRun, reason: str) -> bool:
+    async def slow_park(handle: PostgresRun, reason: str) -> bool:
         await asyncio.sleep(0.3)
-        return await park(self, reason)
+        return await park(handle, reason)
 
-    monkeypatch.setattr(PostgresRun, "park", slow_park)
+    monkeypatch.setattr(worker_module, "park", slow_park)
 
     def broken(run_id: str) -> durably.Agent:
         raise RuntimeError("the model key is missing")

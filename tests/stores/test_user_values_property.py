@@ -305,6 +305,16 @@ class CheckedStore:
         """The inner store's description of the run."""
         return self._store.describe(run_id)
 
+    async def close(self) -> None:
+        """Close the inner store."""
+        await self._store.close()
+
+    async def __aenter__(self) -> CheckedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
 
 def drive(backend: Backend, data: st.DataObject, target: str) -> None:
     """One run with wild user code; every save is read back; only durably's errors escape."""

@@ -50,7 +50,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
         agent = build_agent(world=world, store=store, approver=PolicyApprover())
         outcome = asyncio.run(agent.run(load_task(TASK).description, run_id=RUN_ID))
     finally:
-        store.close()
+        store.close_sync()
     assert outcome.status == "done"
     return Finished(world=world, store_dir=root / "runs", state=outcome.state)
 

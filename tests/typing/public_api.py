@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Literal, assert_type
 
 import durably
+from durably import postgres
 from durably.state import ApprovalKind, ResolutionOutcome, RunState
+from durably.stores import RunHandle
 from durably.stores.postgres import PostgresStore
 from durably.transports import HttpToolError, McpToolError
 
@@ -24,6 +26,28 @@ async def postgres_store_is_a_class() -> None:
     _handle, state = await store.open("run-1")
     assert_type(state, RunState)
     durably.PostgresStore(lease=30)  # type: ignore[arg-type]
+
+
+async def the_postgres_package_is_typed(store: postgres.PostgresStore) -> None:
+    """``durably.postgres`` and the old ``durably.stores.postgres`` name the same store;
+    the work queue's functions are typed.
+    """
+    old: PostgresStore = store
+    assert_type(old, postgres.PostgresStore)
+    claims = await postgres.claim(store, agents=["refunds"], limit=4)
+    assert_type(claims, list[postgres.Claim])
+    assert_type(claims[0].handle, postgres.PostgresRun)
+    assert_type(await postgres.park(claims[0].handle, "why"), bool)
+    await postgres.enqueue(store, run_id="r1", agent="refunds")  # type: ignore[call-arg]
+
+
+async def an_agent_drives_a_handle_it_is_given(
+    agent: durably.Agent, handle: RunHandle, state: RunState
+) -> None:
+    """The loop runs on a handle its caller holds: a new run's or a resumed one's."""
+    assert_type(await agent.start(handle, "refund order 1042"), durably.Outcome)
+    assert_type(await agent.drive(handle, state), durably.Outcome)
+    await agent.drive(handle, "run-1")  # type: ignore[arg-type]
 
 
 def errors_keep_typed_fields(error: durably.DurablyError) -> None:

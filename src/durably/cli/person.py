@@ -251,7 +251,7 @@ def _answerer() -> str:
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..loop import Limits
+    from ..loop import Limits, shielded
 
     try:
         factory = load_factory(args.agent)
@@ -272,10 +272,19 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
                 max_resumes=args.max_resumes,
             )
         if choice is None:
+            if agent.store is None:
+                raise ValueError(
+                    f"the agent {args.agent} builds has no store (a worker's agent?): "
+                    "name the store: a directory, --state DIR or --dsn"
+                )
             return await agent.resume(args.run)
         async with opened_store(choice) as store:
-            agent.store = store
-            return await agent.resume(args.run)
+            # The agent's own store is not used: the loop drives the run opened here.
+            handle, state = await store.open(args.run)
+            try:
+                return await agent.drive(handle, state)
+            finally:
+                await shielded(handle.close())
 
     try:
         outcome = asyncio.run(go())

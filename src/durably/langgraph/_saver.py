@@ -92,7 +92,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             for thread_id in list(self._owned):
                 self.release(thread_id)
-            self.store.close()
+            self.store.close_sync()
 
     def release(self, thread_id: str) -> None:
         """Stop writing a thread: its lock is freed for another process."""

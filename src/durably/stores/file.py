@@ -178,8 +178,25 @@ class FileStore:
             if name.endswith(_STATE_SUFFIX) and not name.startswith(".")
         )
 
-    def close(self) -> None:
-        """Close the directory descriptor (handles keep their own lock descriptors)."""
+    async def close(self) -> None:
+        """Close the store's directory descriptor.
+
+        Handles keep their own lock descriptors and stay usable, and the store
+        opens its directory again if it is used after this. Closing twice is harmless.
+        """
+        self.close_sync()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def close_sync(self) -> None:
+        """Blocking form of :meth:`close`, for callers without an event loop.
+
+        The sweeps and the LangGraph saver's sync API call it.
+        """
         if self._dir_fd is not None:
             self.fs.close(self._dir_fd)
             self._dir_fd = None
@@ -458,7 +475,7 @@ class FileRun:
         reason = f"{os.strerror(exc.errno or 0)} on {name}"
         if fatal:
             self._broken = reason
-            self._store.close()
+            self._store.close_sync()
         if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
             return UnsafePath(path=self._store._path(name), reason="something is in the way")  # noqa: SLF001 -- the run handle is part of its store (same module)
         return SaveFailed(

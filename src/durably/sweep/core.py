@@ -193,7 +193,7 @@ class World:
         try:
             return store.read_sync(RUN_ID)
         finally:
-            store.close()
+            store.close_sync()
 
     def has_run(self) -> bool:
         """Whether the run was created (its start save returned)."""
@@ -201,7 +201,7 @@ class World:
         try:
             return RUN_ID in store.list_runs_sync()
         finally:
-            store.close()
+            store.close_sync()
 
 
 class SweepJob(Protocol):

@@ -1054,7 +1054,7 @@ def explore(
                     event(n, returned=True)
                 handle.close_sync()
             finally:
-                modelled.close()
+                modelled.close_sync()
 
         violations: list[Violation] = []
         reported: set[tuple[int, str, str, Kind]] = set()
@@ -1171,7 +1171,7 @@ def check_lock_exclusion(*, mutant: str | None = None, run_id: str = "r1") -> li
             for handle in (owner_a, *owners):
                 handle.close_sync()
             for store in (first, second, third):
-                store.close()
+                store.close_sync()
     if len(owners) < 2:
         return []
     return [
@@ -1337,7 +1337,7 @@ def _load(
             message = str(exc).replace(str(target / "disk"), "<image>")
             return _Outcome(None, f"{type(exc).__name__}: {message}")
         finally:
-            reader.close()
+            reader.close_sync()
     finally:
         shutil.rmtree(target)
     n = len(state.messages)

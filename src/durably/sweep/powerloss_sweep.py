@@ -338,7 +338,7 @@ def _load(
         message = str(exc).replace(str(world.root), "<world>")
         return f"{type(exc).__name__}: {message}", expected, Kind.UNREADABLE
     finally:
-        store.close()
+        store.close_sync()
     digest = _digest(state)
     matches = [i for i, s in enumerate(saves) if s["digest"] == digest]
     if not matches:

@@ -48,7 +48,7 @@ def run(store: FileStore, run_id: str) -> RunState:
         state.phase = Phase.MODEL
         handle.save_sync(state)
     handle.close_sync()
-    store.close()
+    store.close_sync()
     return state
 
 
