@@ -4,7 +4,9 @@ In the manner of SQLite's crash VFS, LevelDB's fault-injection ``Env`` and ALICE
 (Pillai et al., OSDI 2014), :class:`PowerLossFS` performs every operation for
 real, so the store works normally, and keeps beside it a model of what is
 *durable*. Per file: the content its last ``fsync`` made durable and the writes
-(and truncations) since. Per directory: its durable entries (name → inode) and
+(and truncations) since; a write through a descriptor opened with ``O_DSYNC`` is
+synced as it returns, and space reserved with ``allocate`` is an unsynced growth
+of the file, reading as zeros. Per directory: its durable entries (name → inode) and
 the directory operations (create, mkdir, rename, unlink) since its last
 ``fsync``, in order. Every operation is appended to an op log.
 
