@@ -24,9 +24,10 @@ A blob is a whole value, or, when the channel's new value is a list that extends
 the value last stored for that channel, only the appended items and the sequence
 number of the record holding the value it extends. Reads rebuild the list.
 
-The append is one ``write`` on a descriptor opened with ``O_DSYNC``: the write
-returns once its data is on stable storage, as ``write`` + ``fdatasync`` would,
-in one system call. The owner reserves the log's space ahead of its end
+On Linux the append is one ``write`` on a descriptor opened with ``O_DSYNC``:
+the write returns once its data is on stable storage, as ``write`` +
+``fdatasync`` would, in one system call (elsewhere it is ``write`` + the
+``FileSystem.datasync`` flush). The owner reserves the log's space ahead of its end
 (``posix_fallocate``, in chunks), so that an append does not grow the file and
 its sync need not commit a new size to the file system's journal. Reserved space
 reads as zeros, which the tail rule reads as the end of the log: no record
@@ -47,6 +48,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from contextlib import suppress
@@ -70,6 +72,9 @@ from ..stores.journal import (
 __all__ = ["ThreadLocked", "thread_key"]
 
 _NOFOLLOW = os.O_NOFOLLOW
+_DSYNC = os.O_DSYNC if sys.platform == "linux" else 0
+"""Linux only: elsewhere (macOS) ``O_DSYNC`` leaves the data in the drive's cache, and the
+append calls ``FileSystem.datasync`` (``F_FULLFSYNC`` there) after its write."""
 _HEADER_SUFFIX = ".json"
 _LOCK_SUFFIX = ".lock"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
@@ -522,7 +527,7 @@ class ThreadLog(JournalRun):
         first append, and its header file names the generation, so this keeps the
         thread's own protocol rather than the run journal's.
 
-        When syncing, the log is open with ``O_DSYNC``: the ``write`` returns once
+        When syncing on Linux, the log is open with ``O_DSYNC``: the ``write`` returns once
         the record and the size it reaches are durable, as ``write`` + ``fdatasync``
         would, in one system call (and one release of the GIL, not two: each
         release lets a busy thread in, and getting the GIL back can take until
@@ -539,6 +544,8 @@ class ThreadLog(JournalRun):
             self._reserve(fd, end)
         self._step(lambda: fs.write(fd, record), name, fatal=store.sync)
         faults.point("store.append.written")
+        if store.sync and not _DSYNC:
+            self._step(lambda: fs.datasync(fd), name, fatal=True)
         if store.sync and new_log:  # the log's directory entry must survive with its first record
             dir_fd = store._directory_fd()
             self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
@@ -548,7 +555,7 @@ class ThreadLog(JournalRun):
     def _open_log(self, name: str, *, new_log: bool) -> int:
         store, fs = self._journal, self._journal.fs
         dir_fd = store._directory_fd()
-        flags = os.O_WRONLY | _NOFOLLOW | (os.O_DSYNC if store.sync else 0)
+        flags = os.O_WRONLY | _NOFOLLOW | (_DSYNC if store.sync else 0)
         if new_log:
             flags |= os.O_CREAT | os.O_EXCL
         try:
