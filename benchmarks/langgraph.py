@@ -19,9 +19,10 @@ its client only sends the rows.
   docs do, WAL (SqliteSaver sets it) and ``synchronous=FULL`` (a commit syncs the WAL).
 - PostgresSaver: ``PostgresSaver.from_conn_string(dsn)`` on a throwaway cluster
   (``tests/stores/_pg_cluster.py``, ``fsync=on``) over TCP loopback, or ``--dsn``.
-- append floor: what the disk alone costs for DurablySaver's writes: after each
-  of its turns, each of its calls is replayed as one bare append of the same size
-  and one ``fdatasync``.
+- floors: what the disk alone costs for DurablySaver's writes: after each of its
+  turns, each of its calls is replayed as one write of the same size on a bare
+  file, as an append + ``fdatasync`` (``append floor``, the saver's old append)
+  and as an ``O_DSYNC`` write into reserved space (``reserved floor``, its append now).
 
 The whole comparison runs ``--repeat`` times (5 by default), each time on fresh
 files; each run's ratios are printed, and the verdict is on the median of each
@@ -117,14 +118,22 @@ class Timed:
 
 
 class Floor:
-    """The disk's floor: DurablySaver's writes as bare appends and fdatasyncs, nothing else.
+    """The disk's floor: DurablySaver's writes replayed on a bare file, nothing else.
 
     After each of DurablySaver's turns, its new calls are replayed here (one
-    append and one ``fdatasync`` per call, of the same size) and timed the same way.
+    write of the same size per call) and timed the same way. Two ways:
+
+    - ``append``: ``write`` at the end of a growing file, then ``fdatasync`` (what
+      the saver did before issue 20's latency work);
+    - ``reserved``: one ``write`` through ``O_DSYNC`` into space reserved ahead
+      with ``posix_fallocate`` as the saver reserves it (what it does now).
     """
 
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    def __init__(self, path: Path, *, reserved: bool) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_DSYNC if reserved else os.O_APPEND)
+        self.fd = os.open(path, flags, 0o600)
+        self.reserved = reserved
+        self.size = self.allocated = 0
         self.calls: list[tuple[str, float, int]] = []
         self.in_flight = 0
         self.seen = 0
@@ -132,10 +141,18 @@ class Floor:
     def follow(self, durable: Timed) -> None:
         """Replay the calls DurablySaver made since the last time."""
         for kind, _, count in durable.calls[self.seen :]:
-            data = b"\0" * count
+            data = b"\1" * count
             start = time.perf_counter()
-            os.write(self.fd, data)
-            os.fdatasync(self.fd)
+            if self.reserved:
+                end = self.size + count
+                if end > self.allocated:
+                    self.allocated = end + min(max(end, 256 << 10), 8 << 20)
+                    os.posix_fallocate(self.fd, self.size, self.allocated - self.size)
+                os.write(self.fd, data)
+                self.size = end
+            else:
+                os.write(self.fd, data)
+                os.fdatasync(self.fd)
             self.calls.append((kind, time.perf_counter() - start, count))
         self.seen = len(durable.calls)
 
@@ -155,7 +172,7 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def drive(savers: dict[str, Any], rounds: int, floor: Floor, *, tag: int) -> None:
+def drive(savers: dict[str, Any], rounds: int, floors: list[Floor], *, tag: int) -> None:
     """Run the agent once per saver, one superstep at a time, rotating who goes first."""
     streams: dict[str, Iterator[Any]] = {}
     for name, saver in savers.items():
@@ -177,7 +194,8 @@ def drive(savers: dict[str, Any], rounds: int, floor: Floor, *, tag: int) -> Non
             while savers[name].in_flight:  # a put still running in LangGraph's thread
                 time.sleep(0.0002)
             if name == "DurablySaver":
-                floor.follow(savers[name])
+                for floor in floors:
+                    floor.follow(savers[name])
         turn += 1
         order = [name for name in order if name in streams] or order
 
@@ -209,12 +227,16 @@ def run_once(
             savers["PostgresSaver"] = postgres
             with postgres.conn.cursor() as cur:
                 wal_start = _wal_lsn(cur)
-        floor = Floor(base / "floor.log")
+        floors = {
+            "append floor": Floor(base / "append-floor.log", reserved=False),
+            "reserved floor": Floor(base / "reserved-floor.log", reserved=True),
+        }
         started = time.perf_counter()
-        drive(savers, rounds, floor, tag=tag)
+        drive(savers, rounds, list(floors.values()), tag=tag)
         wall = time.perf_counter() - started
-        floor.close()
-        savers["append floor"] = floor
+        for name, floor in floors.items():
+            floor.close()
+            savers[name] = floor
         rows: dict[str, dict[str, Any]] = {}
         for name, saver in savers.items():
             steps = saver.steps()
@@ -294,13 +316,17 @@ def _wal_lsn(cur: Any) -> int:
 
 def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     """DurablySaver's figures over SqliteSaver's (the targets), and over the floor's."""
-    durable, sqlite, floor = rows["DurablySaver"], rows["SqliteSaver"], rows["append floor"]
+    durable, sqlite, floor = rows["DurablySaver"], rows["SqliteSaver"], rows["reserved floor"]
     out = {
         "median": durable["median_ms"] / sqlite["median_ms"],
         "p99": durable["p99_ms"] / sqlite["p99_ms"],
         "bytes": durable["bytes"] / sqlite["bytes"],
         "floor median": durable["median_ms"] / floor["median_ms"],
         "floor p99": durable["p99_ms"] / floor["p99_ms"],
+        "append floor median": rows["append floor"]["median_ms"] / sqlite["median_ms"],
+        "append floor p99": rows["append floor"]["p99_ms"] / sqlite["p99_ms"],
+        "reserved floor median": floor["median_ms"] / sqlite["median_ms"],
+        "reserved floor p99": floor["p99_ms"] / sqlite["p99_ms"],
     }
     if "PostgresSaver" in rows:
         pg = rows["PostgresSaver"]
@@ -364,9 +390,11 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
             f"send(), which wchar does not count: {int(client):,})"
         )
     print(
-        "append floor: DurablySaver's calls replayed as bare appends of the same sizes, "
-        "one fdatasync each, right after each of its turns"
+        "floors: DurablySaver's calls replayed on a bare file right after each of its turns, "
+        "each as one write of the same size:"
     )
+    print("  append floor: at the end of a growing file, then fdatasync (the saver's old append)")
+    print("  reserved floor: O_DSYNC, into space reserved ahead (the saver's append now)")
     print()
     found = {key: [run["ratios"][key] for run in runs] for key in runs[0]["ratios"]}
     for key, target in TARGETS.items():
@@ -378,9 +406,14 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
             f"(target <= {target}x: {verdict}); runs: {each}"
         )
     print(
-        f"DurablySaver / append floor median {statistics.median(found['floor median']):.3f}x, "
+        f"DurablySaver / reserved floor median {statistics.median(found['floor median']):.3f}x, "
         f"p99 {statistics.median(found['floor p99']):.3f}x"
     )
+    for floor in ("append floor", "reserved floor"):
+        print(
+            f"{floor} / SqliteSaver median {statistics.median(found[floor + ' median']):.3f}x, "
+            f"p99 {statistics.median(found[floor + ' p99']):.3f}x"
+        )
     if "pg median" in found:
         print(
             f"DurablySaver / PostgresSaver median {statistics.median(found['pg median']):.3f}x, "
