@@ -80,10 +80,11 @@ _LOCK_SUFFIX = ".lock"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 FORMAT = 2
 """Version 2 headers carry a CRC-32; version 1 (no checksum) is still read."""
-_MIN_RESERVE = 256 << 10
-"""Space reserved ahead of the log's end when it runs out: at least this much..."""
+_MIN_RESERVE = 16 << 10
+"""Space reserved ahead of the log's end when it runs out: as much as the log holds (so
+an owned thread's file is at most twice its records), but at least this much..."""
 _MAX_RESERVE = 8 << 20
-"""...and at most this much; in between, as much as the log already holds."""
+"""...and at most this much."""
 _RESERVING_FS = frozenset({"ext4", "xfs"})
 """File systems where writing into reserved space spares the sync a journal commit."""
 
