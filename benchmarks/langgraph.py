@@ -193,8 +193,8 @@ def drive(savers: dict[str, Any], rounds: int, floors: list[Floor], *, tag: int)
                 del streams[name]
             while savers[name].in_flight:  # a put still running in LangGraph's thread
                 time.sleep(0.0002)
-            if name == "DurablySaver":
-                for floor in floors:
+            if name == "DurablySaver":  # the floors take turns going first, too
+                for floor in floors if turn % 2 == 0 else floors[::-1]:
                     floor.follow(savers[name])
         turn += 1
         order = [name for name in order if name in streams] or order
