@@ -279,3 +279,28 @@ def test_images_are_materialised_private(
     for path in [root, *root.rglob("*")]:
         mode = stat.S_IMODE(os.lstat(path).st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), path
+
+
+def test_an_o_dsync_write_is_durable_and_reserved_space_reads_as_zeros(tmp_path: Path) -> None:
+    """A write through an O_DSYNC descriptor survives every power cut; unsynced reservation
+    leaves the old size or zeros, and a plain write after it may still be lost.
+    """
+    root = tmp_path / "disk"
+    root.mkdir(mode=0o700)
+    fs = PowerLossFS(root)
+    dir_fd = fs.open_dir(str(root))
+    fd = fs.open("log", os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600, dir_fd=dir_fd)
+    fs.fsync(dir_fd)
+    fs.write(fd, b"first")
+    durable = {image.files["log"] for image in fs.images()}
+    assert durable == {b"first"}
+    assert fs.allocate(fd, 5, 11)
+    assert {image.files["log"] for image in fs.images()} == {b"first", b"first" + bytes(11)}
+    plain = fs.open("log", os.O_WRONLY, 0, dir_fd=dir_fd)
+    os.lseek(plain, 5, os.SEEK_SET)
+    fs.write(plain, b"second")
+    after = {image.files["log"] for image in fs.images()}
+    assert b"first" in after, "a write without O_DSYNC is not durable"
+    assert b"firstsecond" + bytes(5) in after
+    for descriptor in (plain, fd, dir_fd):
+        fs.close(descriptor)

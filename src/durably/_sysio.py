@@ -112,6 +112,19 @@ class FileSystem:
         """Cut a file to ``size`` bytes."""
         os.ftruncate(fd, size)
 
+    def allocate(self, fd: int, offset: int, length: int) -> bool:
+        """Reserve ``length`` bytes from ``offset``, growing the file; they read as zeros.
+
+        Writing into reserved space and syncing it need not commit a change of the
+        file's size or block map to the file system's journal. Returns False when
+        this platform has no ``posix_fallocate``; failures (``ENOSPC``) raise.
+        """
+        allocate = getattr(os, "posix_fallocate", None)
+        if allocate is None:  # pragma: no cover - macOS, not run on Linux CI
+            return False
+        allocate(fd, offset, length)
+        return True
+
     def seek_end(self, fd: int) -> int:
         """Move a descriptor's offset to the end of its file; return that offset."""
         return os.lseek(fd, 0, os.SEEK_END)

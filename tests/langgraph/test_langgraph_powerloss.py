@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _lg_agent import build, question
 from langchain_core.runnables import RunnableConfig
 from typing_extensions import override
 
 from durably import faults
-from durably.langgraph import DurablySaver
+from durably.langgraph import DurablySaver, _thread
 from durably.sweep.powerloss import PowerLossFS
 
 IMAGES_PER_POINT = 24
@@ -99,8 +100,15 @@ def _load(image_root: Path) -> tuple[str | None, set[tuple[str, str]]]:
     return found.checkpoint["id"], {(t, c) for t, c, _ in found.pending_writes or []}
 
 
-def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(tmp_path: Path) -> None:
-    """After a power cut anywhere in a run or a prune, the last acknowledged checkpoint loads."""
+@pytest.mark.parametrize("dsync", [True, False], ids=["o_dsync", "write_then_datasync"])
+def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsync: bool
+) -> None:
+    """After a power cut anywhere in a run or a prune, the last acknowledged checkpoint loads
+    (with Linux's O_DSYNC append, and with the write + datasync append used elsewhere).
+    """
+    if not dsync:
+        monkeypatch.setattr(_thread, "_DSYNC", 0)
     root = tmp_path / "disk"
     root.mkdir(mode=0o700)
     fs = PowerLossFS(root)

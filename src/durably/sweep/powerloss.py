@@ -4,7 +4,9 @@ In the manner of SQLite's crash VFS, LevelDB's fault-injection ``Env`` and ALICE
 (Pillai et al., OSDI 2014), :class:`PowerLossFS` performs every operation for
 real, so the store works normally, and keeps beside it a model of what is
 *durable*. Per file: the content its last ``fsync`` made durable and the writes
-(and truncations) since. Per directory: its durable entries (name → inode) and
+(and truncations) since; a write through a descriptor opened with ``O_DSYNC`` is
+synced as it returns, and space reserved with ``allocate`` is an unsynced growth
+of the file, reading as zeros. Per directory: its durable entries (name → inode) and
 the directory operations (create, mkdir, rename, unlink) since its last
 ``fsync``, in order. Every operation is appended to an op log.
 
@@ -266,6 +268,8 @@ class PowerLossFS(FileSystem):
         self._live = _Model(nodes={_ROOT: _DirNode()})
         self._next_ino = _ROOT + 1
         self._fds: dict[int, int] = {}
+        self._dsync: set[int] = set()
+        """Descriptors opened with ``O_DSYNC``: each write is synced before it returns."""
         self._paths: dict[int, str] = {_ROOT: "."}
         self._adopt_tree(self.root, _ROOT, ".")
         self._initial = copy.deepcopy(self._live)
@@ -329,6 +333,8 @@ class PowerLossFS(FileSystem):
             self._record(Op(kind="truncate", path=self._paths[ino], ino=ino, size=0))
         if ino is not None:
             self._fds[fd] = ino
+            if flags & os.O_DSYNC:
+                self._dsync.add(fd)
         self._record(Op(kind="open", path=self._child(parent, name), ino=ino))
         return fd
 
@@ -340,6 +346,20 @@ class PowerLossFS(FileSystem):
         self._record(
             Op(kind="write", path=self._path_of(ino), ino=ino, offset=offset, data=bytes(data))
         )
+        if fd in self._dsync:  # O_DSYNC: the data (and the size it reaches) is durable now
+            self._record(Op(kind="fsync", path=self._path_of(ino), ino=ino, note="O_DSYNC"))
+
+    def allocate(self, fd: int, offset: int, length: int) -> bool:
+        """Reserve space: an unsynced growth of the file, reading as zeros, until it is synced."""
+        ino = self._fds.get(fd)
+        size = os.fstat(fd).st_size
+        done = super().allocate(fd, offset, length)
+        if done and offset + length > size:
+            # Modelled as a truncation that lengthens the file: a power cut keeps the
+            # old size or the new one, and reserved space never holds anything but zeros.
+            path = self._path_of(ino)
+            self._record(Op(kind="truncate", path=path, ino=ino, size=offset + length))
+        return done
 
     def read(self, fd: int) -> bytes:
         """Read to the end (recorded, changes nothing)."""
@@ -385,6 +405,7 @@ class PowerLossFS(FileSystem):
     def close(self, fd: int) -> None:
         """Close a descriptor (closing syncs nothing)."""
         ino = self._fds.pop(fd, None)
+        self._dsync.discard(fd)
         super().close(fd)
         self._record(Op(kind="close", path=self._path_of(ino)))
 
