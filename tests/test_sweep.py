@@ -19,7 +19,7 @@ from durably import Effect, ToolContext, tool
 from durably.sweep import CONFIGS, SweepReport, World, assert_clean, digest_files, run_sweep
 from durably.sweep import core as sweep_core
 from durably.sweep._tree import Tree, Uncopyable
-from durably.sweep.powerloss_sweep import run_power_loss_sweep
+from durably.sweep.powerloss import run_power_loss_sweep
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
 

@@ -1,13 +1,13 @@
 """The power-loss sweep: cut the power at crash points of a real run, then resume it on every disk.
 
-:func:`durably.sweep.powerloss.check_protocol` proves that every disk a power cut
+:func:`durably.sweep.powerloss.checks.check_protocol` proves that every disk a power cut
 may leave loads as the old or the new state. This module closes the loop for a
 whole job: the run must then *resume* on that disk and finish correctly.
 
 :func:`run_power_loss_sweep`
 
 1. runs the job once, crash-free, in a forked child, with the run's store
-   (synced, as in production) built over a :class:`~durably.sweep.powerloss.PowerLossFS`
+   (synced, as in production) built over a :class:`~durably.sweep.powerloss.model.PowerLossFS`
    rooted at the store directory (the directory itself counts as durable);
 2. at every ``every``-th crash point of that run captures, into a scratch
    directory: the legal disk images of the store directory at that instant
@@ -54,12 +54,12 @@ from typing import Any
 
 import msgspec
 
-from .. import faults
-from ..errors import RunNotFound
-from ..state import RunState
-from ..stores.file import FileRun, FileStore
-from ..stores.journal import JournalStore
-from .core import (
+from ... import faults
+from ...errors import RunNotFound
+from ...state import RunState
+from ...stores.file import FileRun, FileStore
+from ...stores.journal import JournalStore
+from ..core import (
     RUN_ID,
     Config,
     ScenarioResult,
@@ -72,7 +72,8 @@ from .core import (
     _workers,
     check_jobs,
 )
-from .powerloss import Kind, PowerLossFS, Violation
+from .checks import Kind, Violation
+from .model import PowerLossFS
 
 __all__ = [
     "STORES",
