@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections.abc
 import importlib
 import inspect
@@ -11,6 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -25,6 +27,8 @@ _SKIPPED_PACKAGES = ("durably.triage.sample",)
 
 def _modules() -> Iterator[ModuleType]:
     """Every module of the durably package tree, imported."""
+    for name in durably.__all__:  # loaded on first use: load them, so vars(durably) has them
+        getattr(durably, name)
     yield durably
     for info in pkgutil.walk_packages(durably.__path__, prefix="durably."):
         if info.name.startswith(_SKIPPED_PACKAGES) or info.name == "durably.__main__":
@@ -229,6 +233,40 @@ def test_the_old_postgres_module_names_the_new_package_s_objects() -> None:
     assert old.__all__
     for name in old.__all__:
         assert getattr(old, name) is getattr(durably.postgres, name), name
+
+
+def _init_source() -> ast.Module:
+    return ast.parse(Path(inspect.getfile(durably)).read_text())
+
+
+def test_every_lazy_name_is_re_exported_for_type_checkers_from_the_same_module() -> None:
+    """The names ``durably`` loads on first use are exactly the ones it re-exports under
+    ``TYPE_CHECKING`` (each from the module it is loaded from), and ``__all__`` lists them
+    all but ``PostgresStore``.
+    """
+    tree = _init_source()
+    typed: dict[str, str] = {}
+    lazy: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom):
+                    for alias in statement.names:
+                        assert alias.asname == alias.name, "write `import X as X` (explicit)"
+                        typed[alias.name] = f"{statement.module}"
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "_EXPORTS"
+            and node.value is not None
+        ):
+            lazy = ast.literal_eval(node.value)
+
+    assert len(typed) > 60
+    assert typed == lazy
+    assert sorted(durably.__all__) == sorted(set(lazy) - {"PostgresStore"})
+    for name, module in lazy.items():
+        assert getattr(durably, name) is getattr(importlib.import_module(f"durably.{module}"), name)
 
 
 def test_closed_sets_load_from_old_checkpoints_as_enums() -> None:

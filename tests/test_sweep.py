@@ -28,7 +28,7 @@ from durably.sweep import (
     scratch_root,
 )
 from durably.sweep import core as sweep_core
-from durably.sweep.powerloss_sweep import run_power_loss_sweep
+from durably.sweep.powerloss import run_power_loss_sweep
 from durably.sweep.tree import Tree, Uncopyable
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"

@@ -140,7 +140,7 @@ def _powerloss(mutant: str) -> Callable[[], list[tuple[Any, str, Any]]]:
     def patches() -> list[tuple[Any, str, Any]]:
         from durably.sweep.powerloss import MUTANTS
 
-        return list(MUTANTS[mutant].patches)
+        return list(MUTANTS[mutant].overrides)
 
     return patches
 

@@ -7,18 +7,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from .._exit import EXIT, runs_dir
-from ..errors import DurablyError
-from ..state import RunState, age, encode_state
-from ..stores.file import FileStore
-from ..stores.journal import JournalStore
 from ._args import run_id as run_id_arg
 from ._args import state_option
 
 if TYPE_CHECKING:
+    # The store, the state's codec and rich load when a command runs, so that
+    # `durably --help` (and every other command) does not pay for them.
     from rich.console import Console
+
+    from ..state import RunState
+    from ..stores.file import FileStore
 
 __all__ = ["add_runs_command", "add_show_command", "run_by_prefix", "runs_table", "show"]
 
@@ -26,6 +25,8 @@ __all__ = ["add_runs_command", "add_show_command", "run_by_prefix", "runs_table"
 def show(state: RunState, console: Console) -> None:
     """Print one run's checkpoint for a person."""
     from rich.table import Table
+
+    from ..state import age
 
     console.print(f"[bold]{state.run_id}[/bold]")
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -98,6 +99,9 @@ def runs_table(store: FileStore, console: Console, errors: Console) -> int:
     """Print a table of every run in a store; return how many could not be read."""
     from rich.table import Table
 
+    from ..errors import DurablyError
+    from ..state import age
+
     table = Table(title=f"runs in {store.directory}", title_justify="left")
     for column in ("run", "phase", "turns", "dollars", "restarts", "last saved"):
         table.add_column(
@@ -142,6 +146,8 @@ def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from ..stores.journal import JournalStore
+
     store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
     run = run_by_prefix(store, args.run)
     if isinstance(run, list):
@@ -153,6 +159,10 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
         return EXIT["usage"]
     state = store.read_sync(run)
     if args.json:
+        import msgspec
+
+        from ..state import encode_state
+
         sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
     else:
         show(state, console)
@@ -170,6 +180,8 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
             highlight=False,
         )
         return EXIT["done"]
+    from ..stores.journal import JournalStore
+
     unreadable = runs_table(JournalStore(directory), console, errors)
     return EXIT["failed"] if unreadable else EXIT["done"]
 

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._exit import EXIT
-from ..stores.file import FileStore
 from ._args import output_file, positive_int
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from ..stores.file import FileStore
 
 __all__ = ["add_sweep_command"]
 
@@ -28,6 +29,7 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
 
     from rich.table import Table
 
+    from ..stores.file import FileStore
     from ..stores.journal import JournalStore
     from ..sweep.powerloss import MUTANTS, check_lock_exclusion, explore
 
@@ -72,7 +74,7 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
 def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) -> int:
     """The triage run resumed on every disk a power cut can leave, for each store."""
     from ..sweep import CONFIGS
-    from ..sweep.powerloss_sweep import run_power_loss_sweep
+    from ..sweep.powerloss import run_power_loss_sweep
     from ..triage.job import TriageJob
 
     problems = 0

@@ -17,7 +17,6 @@ synced again and the handle refuses further saves.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from .._sysio import (
     is_network_fs,
     is_regular,
     is_temp_name,
+    logger,
     replace_file,
 )
 from ..errors import (
@@ -49,8 +49,6 @@ from ._envelope import Opened, Sealer, open_sealed
 from ._guard import check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
-
-log = logging.getLogger("durably.store")
 
 _T = TypeVar("_T")
 _NOFOLLOW = os.O_NOFOLLOW
@@ -282,7 +280,7 @@ class FileStore:
                     self.fs.unlink(name, dir_fd=dir_fd)
                 except FileNotFoundError:
                     continue
-                log.info("removed %s left by a save that never finished", name)
+                logger("durably.store").info("removed %s left by a save that never finished", name)
 
     def _remove_orphaned_temp_files(self, dir_fd: int) -> None:
         """Remove temp files of runs whose first save never finished (no state file).

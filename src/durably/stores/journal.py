@@ -47,7 +47,6 @@ docs/design.md ("What the journal detects") lists what is and is not detected.
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 import time
@@ -59,14 +58,12 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem
+from .._sysio import FileSystem, logger
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, check_ranges, utcnow
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
-
-log = logging.getLogger("durably.store")
 
 _MAGIC = b"\xd7DJr"
 _HEADER = struct.Struct("<4sII")
@@ -613,7 +610,9 @@ class JournalRun(FileRun):
             # as many disks at every crash point and learn nothing new.
             os.pwrite(fd, _watermark(generation, seq), 0)
         except OSError as exc:  # the save itself is durable: only the detection aid is lost
-            log.warning("could not write the watermark of run %s: %s", self._run_id, exc)
+            logger("durably.store").warning(
+                "could not write the watermark of run %s: %s", self._run_id, exc
+            )
 
     def _new_log(self, generation: int) -> int:
         """Create generation ``generation``'s log holding its synced header record."""

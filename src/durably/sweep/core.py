@@ -286,11 +286,6 @@ def run_in_child(body: Callable[[], None]) -> int:
     return status
 
 
-# The names the modules beside this one (the power-loss sweep) used before these were public.
-_SweepApprover = SweepApprover
-_fork = run_in_child
-
-
 def _process(
     job: SweepJob,
     world: World,
