@@ -111,7 +111,7 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = JournalStore(state / "runs", sync=False)
     created = datetime(2025, 1, 1, tzinfo=UTC)
     store.create_sync(RunState(run_id="r-1", task="t", created_at=created)).close_sync()
-    store.close()
+    store.close_sync()
     return state
 
 
