@@ -83,6 +83,7 @@ def a_state(n: int, replies: int) -> RunState:
 
 
 def grow(state: RunState, turn: int) -> None:
+    """Add one turn (a tool call and its result) to ``state``."""
     call = ToolCall(id=f"c{turn}", name="run_tests", arguments='{"path": "tests/"}')
     state.messages.append(AssistantMessage(text=_TEXT, calls=(call,), turn=turn, dollars=0.002))
     state.messages.append(ToolResult(call_id=call.id, name="run_tests", content=_TEXT * 3))
@@ -121,7 +122,7 @@ def make_runs(directory: Path, runs: int, *, journal: bool) -> None:
         handle.close_sync()
         if n and n % 1000 == 0:
             print(f"  {directory.name}: {n} runs made", file=sys.stderr)
-    store.close()
+    store.close_sync()
 
 
 def touch(directory: Path, runs: int, round_: int, *, journal: bool) -> None:
@@ -139,10 +140,11 @@ def touch(directory: Path, runs: int, round_: int, *, journal: bool) -> None:
         state.saved_at = utcnow()
         handle.save_sync(state)
         handle.close_sync()
-    store.close()
+    store.close_sync()
 
 
 def timed(command: list[str]) -> float:
+    """Run ``command`` as a whole process; return its wall time in seconds."""
     with open(os.devnull, "w") as sink:
         started = time.perf_counter()
         subprocess.run(command, stdout=sink, stderr=subprocess.PIPE, check=True)
@@ -150,6 +152,7 @@ def timed(command: list[str]) -> float:
 
 
 def main() -> int:
+    """Build the stores, time the listings, print the table and the verdict."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=TARGET_RUNS, help="runs per layout")
     parser.add_argument("--repeat", type=int, default=5, help="repeats per measurement")

@@ -48,13 +48,14 @@ def one_run(calls: int, store_type: type[FileStore], directory: Path) -> float:
         outcome = asyncio.run(agent.run("count the stock", name="many"))
         took = time.perf_counter() - started
     finally:
-        store.close()
+        store.close_sync()
     if outcome.status != "done":
         raise SystemExit(f"the run ended {outcome.status}")
     return took
 
 
 def main() -> None:
+    """Run the benchmark and print the table (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000, help="N (the larger run has 10 N)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each size (median)")

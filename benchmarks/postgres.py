@@ -44,6 +44,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from durably.postgres import PostgresRun, PostgresStore
 from durably.state import (
     AssistantMessage,
     Message,
@@ -54,7 +55,6 @@ from durably.state import (
     UserMessage,
 )
 from durably.stores._envelope import seal
-from durably.stores.postgres import PostgresRun, PostgresStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
 # The tests' throwaway-cluster helper: one way to start a server, for both.
@@ -180,6 +180,7 @@ async def measure(
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
+    """Print one row per concurrency: the store, the floor, and their ratios."""
     header = (
         f"{'runs':>4} | {'store/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
         f"{'floor/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
@@ -205,6 +206,7 @@ async def run_all(dsn: str, seconds: float, size: int, *, tag: int = 0) -> list[
 
 
 def verdict(label: str, value: float, target: float, *, at_least: bool) -> None:
+    """Print one figure against its target and whether the target is met."""
     met = value >= target if at_least else value <= target
     sign = ">=" if at_least else "<="
     print(f"{label:<52} {value:6.2f}  (target {sign} {target}: {'met' if met else 'NOT met'})")
@@ -298,6 +300,7 @@ class SaverThread:
         self.config = self.saver.put(self.config, self.checkpoint, metadata, {"messages": version})
 
     def close(self) -> None:
+        """Close the saver's connection."""
         self.conn.close()
 
 
@@ -330,6 +333,7 @@ async def compare_langgraph(
 
 
 def main() -> None:
+    """Run the benchmark and print the table (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="use this server instead of a throwaway cluster")
     parser.add_argument("--seconds", type=float, default=2.0, help="per phase and concurrency")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from typing_extensions import override
 
 from durably._sysio import filesystem_type, fsync_fd
 from durably.state import (
@@ -209,7 +210,7 @@ def run_fixed_once(base: Path, *, quick: bool) -> dict[str, float]:
                 else:
                     floor.append(timed(partial(floor_save, floor_fd, data, counter)))
         handle.close_sync()
-        store.close()
+        store.close_sync()
         os.close(floor_fd)
         s_med, f_med = statistics.median(stored), statistics.median(floor)
         s_p99, f_p99 = p99(stored), p99(floor)
@@ -222,7 +223,7 @@ def run_fixed_once(base: Path, *, quick: bool) -> dict[str, float]:
 
 
 def run_codec(*, quick: bool) -> None:
-    """encode + decode against seal + open of a 500 KB state, from nothing each time."""
+    """Time ``encode`` + ``decode`` against ``seal`` + ``open`` of a 500 KB state, from nothing."""
     codec_runs = 30 if quick else 300
     state = build_state("bench-codec", 500_000)
     body = encode_state(state)
@@ -421,9 +422,11 @@ class IOCounter:
 
     @property
     def available(self) -> bool:
+        """Whether this system reports the process's written bytes."""
         return self._fd is not None
 
     def written(self) -> int:
+        """The bytes this process has written so far (``wchar``), or 0 when unknown."""
         if self._fd is None:
             return 0
         for line in os.pread(self._fd, 4096, 0).splitlines():
@@ -432,6 +435,7 @@ class IOCounter:
         return 0
 
     def close(self) -> None:
+        """Close ``/proc/self/io``."""
         if self._fd is not None:
             os.close(self._fd)
 
@@ -442,15 +446,19 @@ class Contender:
     name = ""
 
     def start(self, directory: Path) -> None:
+        """Make an empty store (or file) in ``directory``, untimed."""
         raise NotImplementedError
 
     def prepare(self, message: Message) -> None:
+        """Add ``message`` to what the next save writes, untimed."""
         raise NotImplementedError
 
     def save(self) -> None:
+        """Save what ``prepare`` added (the timed step)."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Release files and connections."""
         raise NotImplementedError
 
 
@@ -461,20 +469,24 @@ class DurablyContender(Contender):
         self.name = name
         self.store_type = store_type
 
+    @override
     def start(self, directory: Path) -> None:
         self.store = self.store_type(directory, sync=True)
         self.state = initial_state("growing")
         self.handle = self.store.create_sync(self.state)
 
+    @override
     def prepare(self, message: Message) -> None:
         apply_message(self.state, message)
 
+    @override
     def save(self) -> None:
         self.handle.save_sync(self.state)
 
+    @override
     def close(self) -> None:
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 _RECORD_HEADER = struct.Struct("<4sII")
@@ -486,6 +498,7 @@ class FloorContender(Contender):
 
     name = "append floor"
 
+    @override
     def start(self, directory: Path) -> None:
         directory.mkdir(mode=0o700)
         self.dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -504,6 +517,7 @@ class FloorContender(Contender):
             if field.name != "messages"
         }
 
+    @override
     def prepare(self, message: Message) -> None:
         apply_message(self.state, message)
         self.state.saved_at = datetime.now(UTC)
@@ -516,12 +530,14 @@ class FloorContender(Contender):
         header = _RECORD_HEADER.pack(b"\xd7DJr", len(payload), zlib.crc32(length + payload))
         self.record = header + payload
 
+    @override
     def save(self) -> None:
         view = memoryview(self.record)
         while view:
             view = view[os.write(self.fd, view) :]
         _datasync(self.fd)
 
+    @override
     def close(self) -> None:
         os.close(self.fd)
         os.close(self.dir_fd)
@@ -575,6 +591,7 @@ class SqliteSaverContender(Contender):
     def __init__(self, lg: dict[str, Any]) -> None:
         self.lg = lg
 
+    @override
     def start(self, directory: Path) -> None:
         directory.mkdir(mode=0o700)
         self.conn = sqlite3.connect(directory / "checkpoints.sqlite", check_same_thread=False)
@@ -592,6 +609,7 @@ class SqliteSaverContender(Contender):
         self.pragmas = self.settings()
 
     def settings(self) -> str:
+        """The SQLite settings in force, for the report."""
         mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]
         sync = self.conn.execute("PRAGMA synchronous").fetchone()[0]
         return f"journal_mode={mode}, synchronous={sync} (2 = FULL)"
@@ -609,6 +627,7 @@ class SqliteSaverContender(Contender):
         self.new_versions = {"messages": version}
         self.metadata = {"source": "input" if self.step < 0 else "loop", "step": self.step}
 
+    @override
     def prepare(self, message: Message) -> None:
         self.messages.append(self._to_langchain(message))
         self._next_checkpoint()
@@ -635,9 +654,11 @@ class SqliteSaverContender(Contender):
             )
         return self.lg["HumanMessage"](content=getattr(message, "text", ""))
 
+    @override
     def save(self) -> None:
         self.config = self.saver.put(self.config, self.checkpoint, self.metadata, self.new_versions)
 
+    @override
     def close(self) -> None:
         self.conn.close()
 
@@ -788,8 +809,11 @@ def run_growing(base: str, *, saves: int, rounds: int, seed: int) -> None:
 
 
 class TurnContender:
-    """A store saving one turn (reply, then result) as the loop does, with or without the
-    model-call marker's save before the reply."""
+    """A store saving one turn (reply, then result) as the loop does.
+
+    With ``marker``, the model-call marker is saved before the reply, as the loop does
+    before it asks the model.
+    """
 
     def __init__(self, store_type: type[FileStore], *, marker: bool) -> None:
         self.store_type = store_type
@@ -797,11 +821,13 @@ class TurnContender:
         self.name = f"{store_type.__name__}{' + marker' if marker else ''}"
 
     def start(self, directory: Path) -> None:
+        """Make an empty store in ``directory`` and create the run, untimed."""
         self.store = self.store_type(directory, sync=True)
         self.state = initial_state("turns")
         self.handle = self.store.create_sync(self.state)
 
     def save_turn(self, reply: Message, result: Message) -> None:
+        """Save one turn as the loop does: the marker (if asked), the reply, then the result."""
         if self.marker:
             self.state.model_call = ModelCall(
                 turn=self.state.turns + 1,
@@ -819,8 +845,9 @@ class TurnContender:
         self.handle.save_sync(self.state)
 
     def close(self) -> None:
+        """Close the run and the store."""
         self.handle.close_sync()
-        self.store.close()
+        self.store.close_sync()
 
 
 def run_marker(base: str, *, turns: int, rounds: int, seed: int) -> None:
@@ -873,6 +900,7 @@ def run_marker(base: str, *, turns: int, rounds: int, seed: int) -> None:
 
 
 def main() -> None:
+    """Run the sections asked for and print their tables (``--help`` lists the options)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir)")

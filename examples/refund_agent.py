@@ -61,6 +61,7 @@ payments = Payments(Path(os.environ.get("REFUND_LEDGER", "refunds.jsonl")))
 
 
 async def find_refund(ctx: ToolContext, order_id: str, cents: int) -> durably.Lookup:
+    """The refund already made with this call's key, if any (the ladder asks before a rerun)."""
     found = await payments.search(idempotency_key=ctx.idempotency_key)
     return durably.Found(found) if found else durably.NOT_FOUND
 
@@ -75,7 +76,8 @@ def agent(store: Store | None = None) -> Agent:
     """The refund agent, on the store the service uses (``durably resume --agent``).
 
     Args:
-        store: another store (a worker passes ``durably.worker.WORKER_STORE``).
+        store: another store. A Postgres worker drives the agent on the run it
+            claimed, so the default store is never opened there.
     """
     model = ScriptedModel(
         [

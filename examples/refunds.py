@@ -21,6 +21,7 @@ class Payments:
         return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     async def refund(self, order_id: str, cents: int, *, idempotency_key: str) -> str:
+        """Refund ``cents`` on ``order_id`` once per key; a repeated key gets the first answer."""
         refunds = self._refunds()
         if idempotency_key not in refunds:  # a repeated key gets the first answer
             refunds[idempotency_key] = f"refund {len(refunds) + 1}: {cents} cents, {order_id}"
@@ -30,6 +31,7 @@ class Payments:
         return refunds[idempotency_key]
 
     async def search(self, *, idempotency_key: str) -> str | None:
+        """The refund made with ``idempotency_key``, or None."""
         return self._refunds().get(idempotency_key)
 
 
@@ -37,6 +39,7 @@ payments = Payments(HERE / "payments.json")
 
 
 async def find_refund(ctx: ToolContext, order_id: str, cents: int) -> durably.Lookup:
+    """The refund already made with this call's key, if any (the ladder asks before a rerun)."""
     found = await payments.search(idempotency_key=ctx.idempotency_key)
     return durably.Found(found) if found else durably.NOT_FOUND
 
@@ -57,6 +60,7 @@ model = durably.ScriptedModel(
 
 
 async def main() -> None:
+    """Run the refund agent until it finishes, pauses or stops."""
     agent = Agent(
         model=model,
         tools=[refund],

@@ -21,4 +21,4 @@ def store(state_dir: Path) -> Iterator[FileStore]:
     """A file store with sync on, as users get it."""
     store = FileStore(state_dir)
     yield store
-    store.close()
+    store.close_sync()

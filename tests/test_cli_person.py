@@ -82,7 +82,7 @@ def paused_refund(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_an_approval_round_trip_finishes_a_paused_run_of_the_users_agent(
     tmp_path: Path, paused_refund: str, run: Callable[..., Result]
 ) -> None:
-    """pending lists the question, answer saves yes, resume --agent finishes; one refund made."""
+    """``pending`` lists the question, ``answer`` saves yes, ``resume --agent`` ends: one refund."""
     listed = run(tmp_path, "pending", "runs/", "--json")
     assert listed.returncode == 0, listed.stderr
     [question] = json.loads(listed.stdout)
@@ -139,7 +139,7 @@ def test_a_stale_answer_is_refused_with_its_reason_and_exit_1(
 def test_an_answer_that_does_not_fit_is_refused(
     tmp_path: Path, paused_refund: str, run: Callable[..., Result]
 ) -> None:
-    """rerun does not answer an approval; a reason goes only with no (bad usage, exit 2)."""
+    """``rerun`` does not answer an approval; a reason goes only with no (bad usage, exit 2)."""
     wrong = run(tmp_path, "answer", paused_refund, "call-refund-1042", "rerun", "runs/")
     assert wrong.returncode == 1
     assert "whether the call may run (yes or no)" in wrong.stderr
@@ -206,6 +206,36 @@ def test_resume_names_a_bad_agent_factory(
     assert exited.value.code == 2
 
 
+def test_resume_drives_a_storeless_workers_agent_on_the_store_it_names(
+    tmp_path: Path, paused_refund: str, run: Callable[..., Result]
+) -> None:
+    """A factory whose agent has no store (a Postgres worker's) resumes on the STORE given,
+    the command handing the run's handle to the loop; without STORE it is a usage error.
+    """
+    (tmp_path / "worker_agents.py").write_text(
+        "import refund_agent\n\n"
+        "def agent(run_id):\n"
+        "    built = refund_agent.agent()\n"
+        "    built.store = None  # as a worker's factory builds it\n"
+        "    return built\n"
+    )
+    spec = "worker_agents:agent"
+
+    storeless = run(tmp_path, "resume", paused_refund, "--agent", spec)
+    assert storeless.returncode == 2
+    assert "has no store" in storeless.stderr
+    assert (
+        run(tmp_path, "answer", paused_refund, "call-refund-1042", "yes", "runs/").returncode == 0
+    )
+
+    resumed = run(tmp_path, "resume", paused_refund, "runs/", "--agent", spec)
+
+    assert resumed.returncode == 0, resumed.stderr
+    ledger = (tmp_path / "refunds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["order"] for line in ledger] == ["1042"]
+    assert FileStore(tmp_path / "runs").read_sync(paused_refund).phase == "done"
+
+
 def test_resume_stops_at_the_next_question_with_exit_3(
     tmp_path: Path, paused_refund: str, run: Callable[..., Result]
 ) -> None:
@@ -223,6 +253,8 @@ class Poster:
         self.posts = 0
 
     def agent(self, runs: Path) -> Agent:
+        """An agent with one unkeyed write whose result is always in doubt."""
+
         @tool(effect=Effect.WRITE)
         async def post(ctx: ToolContext, text: str) -> str:
             """Post a note (no key, no lookup)."""
@@ -241,8 +273,9 @@ class Poster:
 def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
     tmp_path: Path, run: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pending shows why the ladder stopped; done --result becomes the call's result, no rerun;
-    the step-3 resolution records the OS user who answered."""
+    """``pending`` shows why the ladder stopped; done --result becomes the call's result, no rerun;
+    the step-3 resolution records the OS user who answered.
+    """
     monkeypatch.setenv("LOGNAME", "alice")  # getpass.getuser() reads LOGNAME first
     poster = Poster()
     outcome = poster.agent(tmp_path / "runs").run_sync("post hello", run_id="post-1")
@@ -302,9 +335,9 @@ def test_the_answer_words_on_the_command_line_are_the_ones_decisions_accepts() -
         assert parser.parse_args(["answer", "r", "c", word]).answer == word
     with pytest.raises(SystemExit):
         parser.parse_args(["answer", "r", "c", "maybe"])
-    subcommands = next(a for a in parser._actions if a.dest == "command")
+    subcommands = next(a for a in parser._actions if a.dest == "command")  # noqa: SLF001 -- argparse keeps its subcommands' choices only there
     answer = subcommands.choices["answer"]  # type: ignore[index]
-    choices = next(a.choices for a in answer._actions if a.dest == "answer")
+    choices = next(a.choices for a in answer._actions if a.dest == "answer")  # noqa: SLF001 -- argparse keeps its subcommands' choices only there
     assert tuple(choices) == WORDS
 
 

@@ -15,9 +15,11 @@ import pytest
 import durably
 from _helpers.samples import state_a
 from durably import Agent, Call, Effect, Phase, Reply, ScriptedModel, ToolContext, tool
+from durably.approval import Answer
 from durably.decisions import AskLater, answer, parse_answer, questions, record_answer
 from durably.errors import AnswerRefused, Locked
 from durably.state import encode_state
+from durably.stores import Store
 from durably.stores.directory import DirectoryStore
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
@@ -28,6 +30,7 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def clock() -> datetime:
+    """The fixed time every decision is stamped with."""
     return NOW
 
 
@@ -40,7 +43,7 @@ class Ledger:
         self.fail_first_post = True
 
 
-def build(store: durably.Store, ledger: Ledger, *, in_doubt: bool = False) -> Agent:
+def build(store: Store, ledger: Ledger, *, in_doubt: bool = False) -> Agent:
     """An agent that refunds (needs approval) or posts (a write that may be left in doubt)."""
 
     @tool(effect=Effect.KEYED, needs_approval=True)
@@ -67,7 +70,8 @@ def build(store: durably.Store, ledger: Ledger, *, in_doubt: bool = False) -> Ag
     return Agent(model=model, tools=[refund, post], store=store, approver=AskLater(), clock=clock)
 
 
-def paused(store: durably.Store, ledger: Ledger, *, in_doubt: bool = False) -> None:
+def paused(store: Store, ledger: Ledger, *, in_doubt: bool = False) -> None:
+    """Run the refund agent until it pauses for a person."""
     outcome = asyncio.run(
         build(store, ledger, in_doubt=in_doubt).run("refund order 1042", run_id=RUN)
     )
@@ -122,7 +126,7 @@ def test_who_answered_is_saved_and_kept_after_the_run_finished(store: FileStore)
 
 @pytest.mark.parametrize("given", [durably.Rerun(), durably.Done("posted (seen by a person)")])
 def test_who_settled_an_in_doubt_call_is_saved_with_its_resolution(
-    store: FileStore, given: durably.Answer
+    store: FileStore, given: Answer
 ) -> None:
     """A step-3 answer keeps ``by`` on its resolution through the resume."""
     ledger = Ledger()
@@ -156,7 +160,7 @@ def test_a_refusal_reaches_the_model_and_the_call_never_runs(store: FileStore) -
     ("given", "posts"), [(durably.Rerun(), 2), (durably.Done("posted (seen by a person)"), 1)]
 )
 def test_an_in_doubt_call_is_rerun_or_taken_as_done(
-    store: FileStore, given: durably.Answer, posts: int
+    store: FileStore, given: Answer, posts: int
 ) -> None:
     """Rerun runs the in-doubt write again; Done records the person's result and never reruns."""
     ledger = Ledger()
@@ -174,7 +178,7 @@ def test_an_in_doubt_call_is_rerun_or_taken_as_done(
 
 @pytest.mark.parametrize("given", [durably.Yes(), durably.Rerun(), durably.Done("x")])
 def test_an_answer_is_the_same_decision_as_resume_with_decisions(
-    tmp_path: Path, given: durably.Answer
+    tmp_path: Path, given: Answer
 ) -> None:
     """Answering then resuming ends in the same state as ``resume(decisions=)`` with that answer.
 
@@ -221,7 +225,7 @@ def test_a_question_answered_already_is_refused_and_nothing_is_saved(store: File
     ],
 )
 def test_an_answer_that_does_not_fit_its_question_is_refused(
-    store: FileStore, in_doubt: bool, given: durably.Answer, reason: str
+    store: FileStore, in_doubt: bool, given: Answer, reason: str
 ) -> None:
     """Rerun/Done cannot answer an approval, nor Yes/No an in-doubt call."""
     paused(store, Ledger(), in_doubt=in_doubt)
@@ -313,11 +317,9 @@ def test_record_answer_leaves_a_run_paused_while_other_questions_stand() -> None
 
     record_answer(state, call_id="a", decision=durably.Yes(), now=NOW)
 
-    assert state.phase is Phase.PAUSED
-    assert list(state.pending) == ["b"]
+    assert (state.phase, list(state.pending)) == (Phase.PAUSED, ["b"])
     record_answer(state, call_id="b", decision=durably.Yes(), now=NOW)
-    assert state.phase is Phase.TOOLS
-    assert state.pending == {}
+    assert (state.phase, state.pending) == (Phase.TOOLS, {})
 
 
 _ANSWER_AND_DIE = """

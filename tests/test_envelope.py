@@ -17,6 +17,7 @@ from durably.stores._envelope import Sealer, open_sealed, seal
 
 
 def grown(state: RunState, n: int) -> None:
+    """Append turn ``n`` (a reply and a result with non-ASCII text) to ``state``."""
     state.messages.append(AssistantMessage(text=f"turn {n} ü", turn=n))
     state.messages.append(ToolResult(call_id=f"c{n}", name="t", content="x" * n))
     state.turns = n

@@ -101,7 +101,8 @@ def test_the_refund_example_killed_after_the_refund_finds_its_run_and_refunds_on
     tmp_path: Path,
 ) -> None:
     """Killed after the refund, before its result was saved: `durably runs` lists the run by
-    the caller's ID, and the rerun settles the call with the same key, so one refund exists."""
+    the caller's ID, and the rerun settles the call with the same key, so one refund exists.
+    """
     example = ROOT / "examples" / "refunds.py"
 
     crashed = run_example(example, tmp_path, stdin="y\n", plan="label='loop.tool_returned:refund'")
@@ -135,7 +136,8 @@ def test_the_refund_example_killed_at_every_point_of_the_loop_ends_with_one_refu
 ) -> None:
     """Killed by SIGKILL at each of the loop's crash points in turn (every save point, each
     reply's arrival, the refund's return) and run again, the refund example ends done,
-    with exactly one refund at the service. (The stores' own crash points have their tests.)"""
+    with exactly one refund at the service (the stores' own crash points have their tests).
+    """
     example = ROOT / "examples" / "refunds.py"
     recorded = run_example(example, tmp_path, stdin="y\n", plan="")
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr

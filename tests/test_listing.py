@@ -97,21 +97,22 @@ def save_run(directory: Path, state: RunState, *, journal: bool, saves: int = 1)
             handle.save_sync(state)
         handle.close_sync()
     finally:
-        store.close()
+        store.close_sync()
 
 
 def resave(directory: Path, run_id: str, **changes: object) -> None:
     """Open a run with the store that wrote it, change fields, save."""
     store = DirectoryStore(directory, sync=False)
     try:
-        owner = store._journal if _is_journal(directory, run_id) else store._snapshot
+        journal, snapshot = store._journal, store._snapshot  # noqa: SLF001 -- saving through the store that owns the run
+        owner = journal if _is_journal(directory, run_id) else snapshot
         handle, state = owner.open_sync(run_id)
         for name, value in changes.items():
             setattr(state, name, value)
         handle.save_sync(state)
         handle.close_sync()
     finally:
-        store.close()
+        store.close_sync()
 
 
 def _is_journal(directory: Path, run_id: str) -> bool:
@@ -132,22 +133,25 @@ def settle(directory: Path, *, round_: int = 0) -> None:
 
 
 def through_index(directory: Path) -> Listing:
+    """List ``directory`` through the listing index."""
     store = JournalStore(directory, sync=False)
     try:
         return list_directory(store)
     finally:
-        store.close()
+        store.close_sync()
 
 
 def fully(directory: Path) -> Listing:
+    """List ``directory`` by loading every run (the reference)."""
     store = JournalStore(directory, sync=False)
     try:
         return asyncio.run(list_runs_fully(store))
     finally:
-        store.close()
+        store.close_sync()
 
 
 def same(a: Listing, b: Listing) -> None:
+    """Assert two listings show the same summaries and the same unreadable runs."""
     assert a.summaries == b.summaries
     assert [(run, str(exc)) for run, exc in a.unreadable] == [
         (run, str(exc)) for run, exc in b.unreadable
@@ -225,7 +229,7 @@ def test_an_index_owned_by_another_user_is_not_read(
     try:
         assert _index.load(store) == {}
     finally:
-        store.close()
+        store.close_sync()
 
 
 def test_a_run_saved_after_the_index_was_written_is_listed_with_its_new_values(
@@ -284,7 +288,8 @@ def test_a_run_saved_moments_ago_is_loaded_by_every_listing(tmp_path: Path) -> N
 
 def test_a_snapshot_put_back_behind_a_newer_log_is_listed_as_unreadable(runs: Path) -> None:
     """A journal run whose snapshot was put back while a newer log holds saves is unreadable
-    in the listing (the lister's own listing of the run's files finds that log)."""
+    in the listing (the lister's own listing of the run's files finds that log).
+    """
     store = JournalStore(runs, sync=False, compact_min_bytes=0, compact_ratio=0.0)
     state = a_state("rolled", turns=1)
     handle = store.create_sync(state)
@@ -295,7 +300,7 @@ def test_a_snapshot_put_back_behind_a_newer_log_is_listed_as_unreadable(runs: Pa
     state.turns = 3
     handle.save_sync(state)  # appended to generation 2's log
     handle.close_sync()
-    store.close()
+    store.close_sync()
     for name, data in old.items():
         (runs / name).write_bytes(data)
     (runs / "rolled.lock").write_bytes(b"")
@@ -312,9 +317,9 @@ def test_the_directory_store_and_a_snapshot_file_store_list_through_the_index(ru
     through_index(runs)
     for store in (DirectoryStore(runs), FileStore(runs)):
         try:
-            listed = asyncio.run(listing.list_runs(store))  # type: ignore[arg-type]
+            listed = asyncio.run(listing.list_runs(store))
         finally:
-            store.close()
+            store.close_sync()
         assert listed.loaded == 0
         assert len(listed.summaries) == 6
 
@@ -387,7 +392,8 @@ def _damage(directory: Path, run_id: str, how: str) -> None:
 @given(specs=st.lists(_run_spec, min_size=1, max_size=6))
 def test_the_index_listing_equals_loading_every_run(specs: list[dict[str, object]]) -> None:
     """Over generated stores of both layouts, damaged runs and later changes, the listing
-    through the index (cold, warm and after changes) equals loading every run."""
+    through the index (cold, warm and after changes) equals loading every run.
+    """
     with tempfile.TemporaryDirectory() as temp:
         directory = Path(temp) / "runs"
         for n, spec in enumerate(specs):
@@ -508,6 +514,7 @@ def durably_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, st
 
 
 def table_rows(out: str) -> list[list[str]]:
+    """The cells of each body row of a drawn runs table."""
     return [
         [cell.strip() for cell in line.strip("│ ").split("│")]
         for line in out.splitlines()
@@ -519,7 +526,8 @@ def test_runs_lists_last_saved_first_and_takes_phase_limit_and_sort(
     runs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``durably runs`` puts the last saved first, keeps one ``--phase``, cuts at ``--limit``,
-    and ``--sort run`` orders by run ID."""
+    and ``--sort run`` orders by run ID.
+    """
     code, out, _ = durably_cli(capsys, "runs", str(runs))
     assert code == 0
     rows = table_rows(out)
@@ -574,7 +582,7 @@ def _pending_rows_loading_every_run(directory: Path) -> list[dict[str, object]]:
     from durably.decisions import questions
 
     store = JournalStore(directory)
-    rows = []
+    rows: list[dict[str, object]] = []
     for run_id in store.list_runs_sync():
         for q in questions(store.read_sync(run_id)):
             rows.append(
@@ -592,7 +600,7 @@ def _pending_rows_loading_every_run(directory: Path) -> list[dict[str, object]]:
                     "answers": list(q.answers),
                 }
             )
-    store.close()
+    store.close_sync()
     return rows
 
 
@@ -600,7 +608,8 @@ def test_pending_shows_the_questions_loading_every_run_shows_from_the_index(
     runs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``durably pending`` lists the same questions as loading every run did, and with a warm
-    index it loads none."""
+    index it loads none.
+    """
     import json
 
     expected = _pending_rows_loading_every_run(runs)
@@ -625,7 +634,8 @@ def test_the_console_lists_runs_and_questions_from_the_summaries(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The console's runs and questions pages show every run and question, loading no run
-    once the index is warm."""
+    once the index is warm.
+    """
     from starlette.testclient import TestClient
 
     from durably.console.server import create_app
@@ -650,3 +660,11 @@ def test_the_console_lists_runs_and_questions_from_the_summaries(
     assert "Open questions (2)" in asked
     assert "c5-0" in asked
     assert "c5-1" in asked
+
+
+def test_the_phase_choices_of_durably_runs_are_the_state_s_phases() -> None:
+    """``durably runs --phase`` offers exactly the values of ``Phase``, written out in the CLI."""
+    from durably.cli.runs import PHASES
+    from durably.state import Phase
+
+    assert list(PHASES) == [str(phase) for phase in Phase]

@@ -108,10 +108,10 @@ def catches(
 ) -> Iterator[dict[str, Future[tuple[bool, str, str]]]]:
     """Every selected mutant's catcher, started two at a time (each is a child process tree)."""
     wanted = [
-        item.callspec.params["name"]
+        str(item.callspec.params["name"])
         for item in request.session.items
-        if getattr(item, "originalname", None)
-        == "test_each_mutant_is_caught_by_what_the_catalog_names"
+        if isinstance(item, pytest.Function)
+        and item.originalname == "test_each_mutant_is_caught_by_what_the_catalog_names"
     ]
 
     def run(name: str) -> tuple[bool, str, str]:

@@ -18,19 +18,22 @@ The whole file takes about 40 s on two cores.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
+
 import pytest
 
 from _helpers.mutants import no_datasync
+from durably.stores.file import FileStore
 from durably.sweep.core import CONFIGS
-from durably.sweep.powerloss import Kind, seeded
-from durably.sweep.powerloss_sweep import PowerLossReport, run_power_loss_sweep
+from durably.sweep.powerloss import MUTANTS, Kind, PowerLossReport, run_power_loss_sweep
 from durably.triage.job import TriageJob
 
 KEYS_HONOURED = CONFIGS[0]
 JOB = TriageJob("m1-done-after-delete")
 
 
-def _sweep(store: str, every: int, limit: int = 8) -> PowerLossReport:
+def _sweep(store: str | Callable[..., FileStore], every: int, limit: int = 8) -> PowerLossReport:
     return run_power_loss_sweep(
         JOB, config=KEYS_HONOURED, store=store, every=every, limit=limit, jobs=2
     )
@@ -46,6 +49,7 @@ def _assert_clean(report: PowerLossReport) -> None:
 
 
 def test_journal_store_every_point_loads_and_resumes_cleanly() -> None:
+    """Every power-cut point of a journal-store run loads a saved state and resumes clean."""
     report = _sweep("journal", every=1)
     _assert_clean(report)
     assert report.captured == report.points
@@ -57,6 +61,7 @@ def test_journal_store_every_point_loads_and_resumes_cleanly() -> None:
 
 
 def test_snapshot_store_every_third_point_loads_and_resumes_cleanly() -> None:
+    """Every third power-cut point of a snapshot-store run loads and resumes clean."""
     report = _sweep("snapshot", every=3)
     _assert_clean(report)
     labels = set(report.captured_labels)
@@ -70,10 +75,11 @@ def test_snapshot_store_every_third_point_loads_and_resumes_cleanly() -> None:
 
 @pytest.mark.parametrize(
     ("store", "mutant"),
-    [("journal", no_datasync), ("snapshot", lambda: seeded("no-dir-fsync"))],
+    [("journal", no_datasync), (MUTANTS["no-dir-fsync"].store(), nullcontext)],
     ids=["journal without fdatasync", "snapshot without directory sync"],
 )
-def test_a_store_mutant_is_caught(store: str, mutant: object) -> None:
+def test_a_store_mutant_is_caught(store: str | Callable[..., FileStore], mutant: object) -> None:
+    """A store that skips a sync its protocol needs loses a saved state, and the sweep says so."""
     assert callable(mutant)
     with mutant():
         report = _sweep(store, every=9, limit=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections.abc
 import importlib
 import inspect
@@ -11,6 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -25,6 +27,8 @@ _SKIPPED_PACKAGES = ("durably.triage.sample",)
 
 def _modules() -> Iterator[ModuleType]:
     """Every module of the durably package tree, imported."""
+    for name in durably.__all__:  # loaded on first use: load them, so vars(durably) has them
+        getattr(durably, name)
     yield durably
     for info in pkgutil.walk_packages(durably.__path__, prefix="durably."):
         if info.name.startswith(_SKIPPED_PACKAGES) or info.name == "durably.__main__":
@@ -149,6 +153,41 @@ def test_all_is_sorted_and_importable() -> None:
         assert getattr(durably, name) is not None, name
 
 
+def test_every_public_name_of_durably_is_in_all() -> None:
+    """A name ``durably`` binds without an underscore (not a submodule) is in ``__all__``, so a
+    re-export added without its entry fails here instead of hiding from star imports.
+    """
+    bound = {
+        name
+        for name in dir(durably)  # with lazily loaded names, if the module lists them
+        if not name.startswith("_") and not isinstance(getattr(durably, name), ModuleType)
+    }
+    bound.discard("TYPE_CHECKING")  # imported for the typed lazy names, not API
+    bound.discard("PostgresStore")  # lazy and kept out of __all__ (see the test below)
+    assert sorted(bound - set(durably.__all__)) == []
+    assert sorted(set(durably.__all__) - bound) == []
+
+
+def test_every_all_in_the_tree_names_what_its_module_has() -> None:
+    """Every module's ``__all__`` lists each name once, and each one is bound in the module."""
+    checked = 0
+    for module in _modules():
+        names = getattr(module, "__all__", None)
+        if names is None:
+            continue
+        checked += 1
+        assert len(set(names)) == len(names), f"{module.__name__}.__all__ repeats a name"
+        missing = [name for name in names if not hasattr(module, name)]
+        assert missing == [], f"{module.__name__}.__all__ names what it does not bind"
+    assert checked > 20
+
+
+def test_a_misspelt_name_is_an_attribute_error() -> None:
+    """``durably.X`` for a name it does not have raises AttributeError naming it."""
+    with pytest.raises(AttributeError, match="FileStor"):
+        durably.FileStor  # type: ignore[attr-defined]  # noqa: B018
+
+
 def test_classes_claiming_durably_are_exported() -> None:
     """A class whose ``__module__`` is ``durably`` can be imported from ``durably``."""
     claiming = {
@@ -176,16 +215,64 @@ def test_every_public_error_is_exported() -> None:
 
 def test_postgres_store_is_exported_lazily() -> None:
     """``durably.PostgresStore`` is the store class, kept out of ``__all__`` (a star import
-    must not need psycopg)."""
+    must not need psycopg).
+    """
     from durably.stores.postgres import PostgresStore
 
     assert "PostgresStore" not in durably.__all__
     assert durably.PostgresStore is PostgresStore
 
 
+def test_the_old_postgres_module_names_the_new_package_s_objects() -> None:
+    """Every name ``durably.stores.postgres`` exports is the same object in ``durably.postgres``
+    (the store moved; users' imports keep working).
+    """
+    import durably.postgres
+    import durably.stores.postgres as old
+
+    assert old.__all__
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(durably.postgres, name), name
+
+
+def _init_source() -> ast.Module:
+    return ast.parse(Path(inspect.getfile(durably)).read_text())
+
+
+def test_every_lazy_name_is_re_exported_for_type_checkers_from_the_same_module() -> None:
+    """The names ``durably`` loads on first use are exactly the ones it re-exports under
+    ``TYPE_CHECKING`` (each from the module it is loaded from), and ``__all__`` lists them
+    all but ``PostgresStore``.
+    """
+    tree = _init_source()
+    typed: dict[str, str] = {}
+    lazy: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom):
+                    for alias in statement.names:
+                        assert alias.asname == alias.name, "write `import X as X` (explicit)"
+                        typed[alias.name] = f"{statement.module}"
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "_EXPORTS"
+            and node.value is not None
+        ):
+            lazy = ast.literal_eval(node.value)
+
+    assert len(typed) > 60
+    assert typed == lazy
+    assert sorted(durably.__all__) == sorted(set(lazy) - {"PostgresStore"})
+    for name, module in lazy.items():
+        assert getattr(durably, name) is getattr(importlib.import_module(f"durably.{module}"), name)
+
+
 def test_closed_sets_load_from_old_checkpoints_as_enums() -> None:
     """A checkpoint written when ``kind`` and ``outcome`` were plain strings loads as the enums
-    and writes back the same bytes."""
+    and writes back the same bytes.
+    """
     from durably.state import ApprovalKind, ResolutionOutcome, decode_state, encode_state
 
     old = (

@@ -28,7 +28,8 @@ def dry_run(target: str) -> list[str]:
 @pytest.mark.parametrize(("target", "mode"), [("demo", "demo"), ("test", "test")])
 def test_make_runs_the_system_step_before_it_makes_the_virtualenv(target: str, mode: str) -> None:
     """``make demo`` and ``make test`` install system packages (Python's venv module among them)
-    before anything runs Python to make ``.venv``, so a bare machine gets that far."""
+    before anything runs Python to make ``.venv``, so a bare machine gets that far.
+    """
     steps = dry_run(target)
 
     system = steps.index(f"scripts/system-deps {mode}")
@@ -39,7 +40,8 @@ def test_make_runs_the_system_step_before_it_makes_the_virtualenv(target: str, m
 
 def test_what_the_readme_commands_write_in_a_checkout_is_ignored() -> None:
     """The CLI's default state directory, the sweep's reports and the example's state stay
-    out of ``git status``."""
+    out of ``git status``.
+    """
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     written = [
@@ -92,7 +94,8 @@ def test_the_demo_system_step_looks_for_the_venv_module_not_only_the_interpreter
     tmp_path: Path, venv_module: bool
 ) -> None:
     """On a bare Debian 12, python3.11 exists without its venv module: the demo's system
-    step asks for python3.11-venv then, and asks for nothing once it is there."""
+    step asks for python3.11-venv then, and asks for nothing once it is there.
+    """
     bin_dir = fake_bin(tmp_path, venv_module=venv_module)
     result = subprocess.run(
         ["bash", str(ROOT / "scripts" / "system-deps"), "demo"],

@@ -9,9 +9,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
+
+from durably.state import RunState
+from durably.stores.journal import JournalStore
 
 HEAVY = (
     "asyncio",  # imported where a run runs
@@ -53,9 +58,33 @@ def heavy(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY)
 
 
+NOT_FOR_READING = ("durably.loop", "durably.approval", "durably.models", "durably.ladder")
+"""What running an agent needs and reading a store does not (``show``, ``runs``)."""
+
+
+def ours(modules: set[str]) -> list[str]:
+    """The durably modules among ``modules``, the package itself aside."""
+    return sorted(m for m in modules if m.startswith("durably."))
+
+
 def test_import_durably_loads_no_heavy_module() -> None:
     """`import durably` loads none of asyncio, rich, importlib.metadata or an integration."""
     loaded = modules_after("import durably")
+
+    assert heavy(loaded) == []
+
+
+def test_import_durably_loads_none_of_its_modules() -> None:
+    """`import durably` loads no submodule: each public name loads its module on first use."""
+    loaded = modules_after("import durably")
+
+    assert "durably" in loaded
+    assert ours(loaded) == []
+
+
+def test_a_public_name_loads_its_module_and_nothing_heavy() -> None:
+    """`from durably import Agent` loads the loop, still without a heavy module."""
+    loaded = modules_after("from durably import Agent")
 
     assert "durably.loop" in loaded
     assert heavy(loaded) == []
@@ -70,6 +99,42 @@ def test_command_help_loads_no_heavy_module(argv: list[str]) -> None:
 
     assert "durably.cli" in loaded
     assert heavy(loaded) == []
+    # Nor does it read a store: no store, no state codec, no logging.
+    assert not [m for m in ours(loaded) if m.startswith(("durably.stores", "durably.state"))]
+    assert not {"msgspec", "logging"} & loaded
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo state directory whose store holds one run, ``r-1``."""
+    state = tmp_path_factory.mktemp("startup")
+    store = JournalStore(state / "runs", sync=False)
+    created = datetime(2025, 1, 1, tzinfo=UTC)
+    store.create_sync(RunState(run_id="r-1", task="t", created_at=created)).close_sync()
+    store.close_sync()
+    return state
+
+
+@pytest.mark.parametrize(
+    ("command", "drawer"),
+    [(["runs"], "durably.listing"), (["show", "r-1"], "rich.table")],
+    ids=["runs", "show r-1"],
+)
+def test_reading_a_store_loads_no_agent_machinery(
+    command: list[str], drawer: str, small_store: Path
+) -> None:
+    """`durably runs` (drawn as text from the listing) and `durably show` (drawn with rich)
+    load no event loop, integration, loop, approval, model or ladder module.
+    """
+    argv = [*command, "--state", str(small_store)]
+    loaded = modules_after(
+        f"sys.argv = ['durably', *{argv!r}]\nfrom durably.cli import main\nmain()"
+    )
+
+    assert "durably.stores.journal" in loaded
+    assert drawer in loaded  # it drew the table
+    assert [m for m in heavy(loaded) if not m.startswith("rich")] == []
+    assert [m for m in ours(loaded) if m.startswith(NOT_FOR_READING)] == []
 
 
 def test_the_version_is_read_on_first_use() -> None:

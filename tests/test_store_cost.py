@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from typing_extensions import override
 
 from durably._sysio import FileSystem
 from durably.state import (
@@ -37,6 +38,7 @@ class CountingFS(FileSystem):
     def __init__(self) -> None:
         self.written = 0
 
+    @override
     def write(self, fd: int, data: bytes) -> None:
         self.written += len(data)
         super().write(fd, data)
@@ -50,11 +52,13 @@ class CountingEncoder:
         self._counter = counter
 
     def encode(self, value: object) -> bytes:
+        """Encode ``value``, counting its bytes."""
         data = self._real.encode(value)
         self._counter[0] += len(data)
         return data
 
     def encode_into(self, value: object, buffer: bytearray, offset: int = 0) -> None:
+        """Encode ``value`` into ``buffer`` at ``offset``, counting the bytes added."""
         before = len(buffer)
         self._real.encode_into(value, buffer, offset)
         self._counter[0] += len(buffer) - min(before, offset)

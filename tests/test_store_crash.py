@@ -32,14 +32,15 @@ def test_a_crash_inside_a_save_leaves_the_old_or_the_new_state(
     state_dir: Path, label: str, survivor: str
 ) -> None:
     """A process SIGKILLed at any point of a save leaves exactly the old state (before the rename)
-    or the new one (after it), never a mix; the next open removes the dead save's temp file."""
+    or the new one (after it), never a mix; the next open removes the dead save's temp file.
+    """
     child = run_child("crash", str(state_dir), "r1", label)
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert len(temp_files(state_dir)) == (1 if survivor == "old" else 0)
     store = FileStore(state_dir)
     handle, loaded = store.open_sync("r1")
     handle.close_sync()
-    store.close()
+    store.close_sync()
     expected = state_a("r1") if survivor == "old" else state_b("r1")
     assert without_saved_at(loaded) == expected
     assert loaded.saved_at is not None
@@ -54,7 +55,8 @@ def test_a_crash_inside_the_first_save_leaves_no_half_run(
     state_dir: Path, label: str, exists: bool
 ) -> None:
     """A process killed while creating a run leaves either no run (and the ID can be created
-    again, since nothing was ever saved under it) or the whole first state (and the ID is used)."""
+    again, since nothing was ever saved under it) or the whole first state (and the ID is used).
+    """
     child = run_child("crash-create", str(state_dir), "r1", label)
     assert child.returncode == -signal.SIGKILL, child.stderr
     store = FileStore(state_dir)
@@ -75,14 +77,15 @@ def test_a_crash_inside_the_first_save_leaves_no_half_run(
         handle.close_sync()
         assert temp_files(state_dir) == []
         assert without_saved_at(store.read_sync("r1")) == state_a("r1")
-    store.close()
+    store.close_sync()
 
 
 def test_a_run_held_by_another_process_is_locked_until_that_process_dies(
     state_dir: Path,
 ) -> None:
     """While one process holds a run, another gets Locked at once; once the holder is SIGKILLed
-    the run opens, and the lock file is the same inode throughout."""
+    the run opens, and the lock file is the same inode throughout.
+    """
     store = FileStore(state_dir)
     store.create_sync(state_a("r1")).close_sync()
     lock = state_dir / "r1.lock"
@@ -109,6 +112,6 @@ def test_a_run_held_by_another_process_is_locked_until_that_process_dies(
     assert json.loads(third.stdout)["outcome"] == "opened", third.stderr
     handle, loaded = store.open_sync("r1")
     handle.close_sync()
-    store.close()
+    store.close_sync()
     assert without_saved_at(loaded) == state_a("r1")
     assert lock.stat().st_ino == inode

@@ -20,6 +20,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typing_extensions import override
 
 import durably
 from _helpers import CHILD
@@ -42,54 +43,66 @@ class RecordingFS(FileSystem):
     def __init__(self) -> None:
         self.calls: list[tuple[object, ...]] = []
 
+    @override
     def open_dir(self, path: str) -> int:
         self.calls.append(("open_dir", path))
         fd = super().open_dir(path)
         self.calls[-1] += (fd,)
         return fd
 
+    @override
     def mkdir(self, path: str, mode: int) -> None:
         self.calls.append(("mkdir", path, mode))
         super().mkdir(path, mode)
 
+    @override
     def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
         self.calls.append(("open", name, flags, mode))
         fd = super().open(name, flags, mode, dir_fd=dir_fd)
         self.calls[-1] += (fd,)
         return fd
 
+    @override
     def write(self, fd: int, data: bytes) -> None:
         self.calls.append(("write", fd))
         super().write(fd, data)
 
+    @override
     def read(self, fd: int) -> bytes:
         self.calls.append(("read", fd))
         return super().read(fd)
 
+    @override
     def fsync(self, fd: int) -> None:
         self.calls.append(("fsync", fd))
         super().fsync(fd)
 
+    @override
     def rename(self, src: str, dst: str, *, dir_fd: int) -> None:
         self.calls.append(("rename", src, dst))
         super().rename(src, dst, dir_fd=dir_fd)
 
+    @override
     def unlink(self, name: str, *, dir_fd: int) -> None:
         self.calls.append(("unlink", name))
         super().unlink(name, dir_fd=dir_fd)
 
+    @override
     def close(self, fd: int) -> None:
         self.calls.append(("close", fd))
         super().close(fd)
 
+    @override
     def lstat(self, name: str, *, dir_fd: int) -> os.stat_result | None:
         self.calls.append(("lstat", name))
         return super().lstat(name, dir_fd=dir_fd)
 
+    @override
     def listdir(self, dir_fd: int) -> list[str]:
         self.calls.append(("listdir", dir_fd))
         return super().listdir(dir_fd)
 
+    @override
     def lock(self, fd: int) -> bool:
         self.calls.append(("lock", fd))
         return super().lock(fd)
@@ -120,32 +133,38 @@ class FaultyFS(FileSystem):
             self.failures += 1
             raise OSError(self.err, os.strerror(self.err))
 
+    @override
     def open_dir(self, path: str) -> int:
         fd = super().open_dir(path)
         self.dir_fds.add(fd)
         self.dir_opens += 1
         return fd
 
+    @override
     def close(self, fd: int) -> None:
         self.dir_fds.discard(fd)
         super().close(fd)
 
+    @override
     def open(self, name: str, flags: int, mode: int, *, dir_fd: int) -> int:
         if name.endswith(".tmp"):
             self._fault("open")
         return super().open(name, flags, mode, dir_fd=dir_fd)
 
+    @override
     def write(self, fd: int, data: bytes) -> None:
         if self._will_fail("write"):
             super().write(fd, data[: len(data) // 2])
         self._fault("write")
         super().write(fd, data)
 
+    @override
     def fsync(self, fd: int) -> None:
         self._fault("fsync dir" if fd in self.dir_fds else "fsync file")
         self.fsynced.append(fd)
         super().fsync(fd)
 
+    @override
     def rename(self, src: str, dst: str, *, dir_fd: int) -> None:
         self._fault("rename")
         super().rename(src, dst, dir_fd=dir_fd)
@@ -172,7 +191,7 @@ def victim(tmp_path: Path) -> Path:
 
 
 def test_a_created_run_opens_with_the_state_it_was_created_with(store: FileStore) -> None:
-    """open loads exactly the state create saved, with the save time set by the store."""
+    """``open`` loads exactly the state create saved, with the save time set by the store."""
     store.create_sync(state_b("r1")).close_sync()
     handle, loaded = store.open_sync("r1")
     handle.close_sync()
@@ -192,7 +211,7 @@ def test_the_newest_save_is_what_opens(store: FileStore) -> None:
 
 
 def test_a_used_run_id_cannot_be_created_again(store: FileStore) -> None:
-    """create refuses an ID this store already used, and leaves that run as it was."""
+    """``create`` refuses an ID this store already used, and leaves that run as it was."""
     store.create_sync(state_b("r1")).close_sync()
     with pytest.raises(durably.RunExists):
         store.create_sync(state_a("r1"))
@@ -200,7 +219,7 @@ def test_a_used_run_id_cannot_be_created_again(store: FileStore) -> None:
 
 
 def test_opening_an_unknown_run_is_run_not_found(store: FileStore, state_dir: Path) -> None:
-    """open and read of an ID with no state file raise RunNotFound naming the store."""
+    """``open`` and read of an ID with no state file raise RunNotFound naming the store."""
     store.create_sync(state_a("r1")).close_sync()
     with pytest.raises(durably.RunNotFound) as caught:
         store.open_sync("r2")
@@ -221,7 +240,7 @@ def test_list_runs_names_runs_only(store: FileStore, state_dir: Path) -> None:
 
 
 def test_read_works_while_the_run_is_owned(store: FileStore) -> None:
-    """read loads a run's state without its lock, so people can look at a running run."""
+    """``read`` loads a run's state without its lock, so people can look at a running run."""
     handle = store.create_sync(state_b("r1"))
     assert without_saved_at(FileStore(store.directory).read_sync("r1")) == state_b("r1")
     handle.close_sync()
@@ -290,7 +309,7 @@ def test_the_async_interface_does_what_the_sync_one_does(state_dir: Path) -> Non
         await handle.close()
         read = await store.read("r1")
         runs = await store.list_runs()
-        store.close()
+        await store.close()
         return opened, read, runs
 
     opened, read, runs = asyncio.run(scenario())
@@ -300,7 +319,7 @@ def test_the_async_interface_does_what_the_sync_one_does(state_dir: Path) -> Non
 
 
 def test_describe_names_the_state_file(store: FileStore, state_dir: Path) -> None:
-    """describe gives the path of the run's state file, for messages."""
+    """``describe`` gives the path of the run's state file, for messages."""
     assert store.describe("r1") == str(state_dir / "r1.json")
 
 
@@ -311,7 +330,7 @@ def test_a_network_file_system_is_refused(state_dir: Path, monkeypatch: pytest.M
         FileStore(state_dir).create_sync(state_a("r1"))
     allowed = FileStore(state_dir, allow_network_fs=True)
     allowed.create_sync(state_a("r1")).close_sync()
-    allowed.close()
+    allowed.close_sync()
 
 
 # -- the crash-atomic protocol -----------------------------------------------------------
@@ -319,7 +338,8 @@ def test_a_network_file_system_is_refused(state_dir: Path, monkeypatch: pytest.M
 
 def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -> None:
     """At the seam, a save checks its lock file, opens a new 0600 temp, writes, fsyncs, renames
-    it, fsyncs the dir."""
+    it, fsyncs the dir.
+    """
     fs = RecordingFS()
     store = FileStore(state_dir, fs=fs)
     handle = store.create_sync(state_a("r1"))
@@ -328,7 +348,7 @@ def test_a_save_writes_syncs_renames_then_syncs_the_directory(state_dir: Path) -
     handle.save_sync(state_b("r1"))
     saved = list(fs.calls)
     handle.close_sync()
-    store.close()
+    store.close_sync()
     _, temp, flags, mode, fd = saved[2]
     assert isinstance(temp, str)
     assert isinstance(flags, int)
@@ -357,7 +377,7 @@ def test_every_save_uses_a_new_unpredictable_temp_name(state_dir: Path) -> None:
     for _ in range(5):
         handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     temps = [call[1] for call in fs.calls if call[0] == "open" and str(call[1]).endswith(".tmp")]
     assert len(temps) == 6
     assert len(set(temps)) == 6
@@ -371,7 +391,7 @@ def test_with_sync_off_nothing_is_fsynced(state_dir: Path) -> None:
     handle = store.create_sync(state_a("r1"))
     handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     names = [call[0] for call in fs.calls]
     assert "fsync" not in names
     assert names.count("rename") == 2
@@ -382,7 +402,7 @@ def test_a_new_state_directory_is_synced_into_its_parent(tmp_path: Path) -> None
     fs = RecordingFS()
     store = FileStore(tmp_path / "runs", fs=fs)
     store.create_sync(state_a("r1")).close_sync()
-    store.close()
+    store.close_sync()
     assert fs.calls[0] == ("mkdir", str(tmp_path / "runs"), 0o700)
     parent_fd = fs.calls[1][2]
     assert fs.calls[1] == ("open_dir", str(tmp_path), parent_fd)
@@ -402,7 +422,8 @@ def parse_strace(text: str) -> list[tuple[str, list[str], int]]:
 
 def test_the_kernel_sees_temp_write_fsync_rename_dir_fsync(tmp_path: Path) -> None:
     """Traced with strace, each save is: openat temp (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), write,
-    fsync it, rename it over RUN.json, fsync the directory, in that order."""
+    fsync it, rename it over RUN.json, fsync the directory, in that order.
+    """
     state_dir = tmp_path / "runs"
     log = tmp_path / "trace.txt"
     syscalls = "openat,write,fsync,fdatasync,rename,renameat,renameat2"
@@ -467,7 +488,7 @@ def test_the_state_directory_is_0700_and_its_files_0600(tmp_path: Path, umask: i
         handle = store.create_sync(state_a("r1"))
         handle.save_sync(state_b("r1"))
         handle.close_sync()
-        store.close()
+        store.close_sync()
     finally:
         os.umask(previous)
     assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
@@ -482,7 +503,7 @@ def test_the_state_directory_is_0700_and_its_files_0600(tmp_path: Path, umask: i
 def test_a_symlink_at_the_lock_is_refused_on_create(
     tmp_path: Path, state_dir: Path, dangling: bool
 ) -> None:
-    """create with a symlink planted at RUN.lock is UnsafePath; nothing is created through it."""
+    """``create`` with a symlink planted at RUN.lock is UnsafePath; nothing is made through it."""
     target = tmp_path / "nowhere" if dangling else victim(tmp_path)
     before = None if dangling else fingerprint(target)
     state_dir.mkdir(mode=0o700)
@@ -497,7 +518,7 @@ def test_a_symlink_at_the_lock_is_refused_on_create(
 
 
 def test_a_symlink_at_the_lock_is_refused_on_open(tmp_path: Path, store: FileStore) -> None:
-    """open of a run whose RUN.lock became a symlink is UnsafePath; the target is untouched."""
+    """``open`` of a run whose RUN.lock became a symlink is UnsafePath; the target is untouched."""
     store.create_sync(state_a("r1")).close_sync()
     target = victim(tmp_path)
     before = fingerprint(target)
@@ -510,7 +531,7 @@ def test_a_symlink_at_the_lock_is_refused_on_open(tmp_path: Path, store: FileSto
 
 
 def test_a_symlink_at_the_lock_of_a_missing_run_is_refused(tmp_path: Path, state_dir: Path) -> None:
-    """open of a run that has only a planted RUN.lock symlink is UnsafePath, not RunNotFound."""
+    """``open`` of a run that has only a planted RUN.lock symlink is UnsafePath, not RunNotFound."""
     target = victim(tmp_path)
     before = fingerprint(target)
     state_dir.mkdir(mode=0o700)
@@ -521,7 +542,7 @@ def test_a_symlink_at_the_lock_of_a_missing_run_is_refused(tmp_path: Path, state
 
 
 def test_a_symlink_at_the_state_file_is_refused_on_create(tmp_path: Path, state_dir: Path) -> None:
-    """create with a symlink planted at RUN.json is UnsafePath; the target is untouched."""
+    """``create`` with a symlink planted at RUN.json is UnsafePath; the target is untouched."""
     target = victim(tmp_path)
     before = fingerprint(target)
     state_dir.mkdir(mode=0o700)
@@ -536,7 +557,7 @@ def test_a_symlink_at_the_state_file_is_refused_on_create(tmp_path: Path, state_
 def test_a_symlink_at_the_state_file_is_refused_on_open_and_read(
     tmp_path: Path, store: FileStore, with_lock: bool
 ) -> None:
-    """open and read of a RUN.json that is a symlink are UnsafePath; the target is untouched."""
+    """``open`` and read of a RUN.json that is a symlink are UnsafePath; the target is untouched."""
     target = victim(tmp_path)
     target.write_bytes(seal(state_a("r1")))
     before = fingerprint(target)
@@ -703,7 +724,7 @@ def test_every_truncation_of_a_checkpoint_is_corrupt(state_dir: Path) -> None:
     original = path.read_bytes()
     for length in range(len(original)):
         assert attempt_to_load(store, path, original[:length]) == [], length
-    store.close()
+    store.close_sync()
 
 
 def test_a_flipped_byte_is_corrupt_or_harmless(state_dir: Path) -> None:
@@ -721,7 +742,7 @@ def test_a_flipped_byte_is_corrupt_or_harmless(state_dir: Path) -> None:
         loaded = attempt_to_load(store, path, bytes(altered))
         assert all(state == expected for state in loaded)
         corrupt += not loaded
-    store.close()
+    store.close_sync()
     assert corrupt > 250
 
 
@@ -774,7 +795,7 @@ def test_a_save_failing_before_the_rename_keeps_the_old_state(
     assert fs.failures == 2
     assert temp_files(state_dir) == []
     handle.close_sync()
-    store.close()
+    store.close_sync()
     fresh = FileStore(state_dir)
     reopened, loaded = fresh.open_sync("r1")
     reopened.close_sync()
@@ -796,7 +817,7 @@ def test_a_save_that_failed_once_before_the_rename_can_be_retried(
         handle.save_sync(state_b("r1"))
     handle.save_sync(state_b("r1"))
     handle.close_sync()
-    store.close()
+    store.close_sync()
     assert fs.failures == 1
     assert without_saved_at(FileStore(state_dir).read_sync("r1")) == state_b("r1")
     assert temp_files(state_dir) == []
@@ -809,7 +830,8 @@ def test_a_failed_directory_fsync_breaks_the_handle(
 ) -> None:
     """After the directory fsync fails, the save is SaveFailed, the handle refuses every later save
     without touching the disk, the failed descriptor is never synced again, and the run opens as
-    the old or the new state."""
+    the old or the new state.
+    """
     fs = FaultyFS("fsync dir", err, times=times)
     store = FileStore(state_dir, fs=fs)
     handle = store.create_sync(state_a("r1"))
@@ -828,7 +850,7 @@ def test_a_failed_directory_fsync_breaks_the_handle(
     reopened, loaded = store.open_sync("r1")
     reopened.save_sync(state_b("r1"))
     reopened.close_sync()
-    store.close()
+    store.close_sync()
     assert fs.dir_opens == opens_before + 1, "the store opened a new directory descriptor"
     assert without_saved_at(loaded) in (state_a("r1"), state_b("r1"))
     assert temp_files(state_dir) == []

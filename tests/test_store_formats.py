@@ -30,10 +30,12 @@ def copied(kind: str, tmp_path: Path) -> Path:
 
 
 def expected(run_id: str) -> RunState:
+    """The state a fixture run must load as, from its ``.expected.json``."""
     return msgspec.json.decode((MAIN / f"{run_id}.expected.json").read_bytes(), type=RunState)
 
 
 def envelope_version(path: Path) -> int:
+    """The envelope version a snapshot file says it is."""
     version: int = msgspec.json.decode(path.read_bytes())["durably"]
     return version
 
@@ -84,10 +86,10 @@ def test_a_version_2_log_holding_keyed_changes_is_corrupt(tmp_path: Path) -> Non
     runs = copied("journal", tmp_path)
     log = runs / "jour-1.1.log"
     data = log.read_bytes()
-    last_seq = journal._read_watermark((runs / "jour-1.lock").read_bytes())
+    last_seq = journal._read_watermark((runs / "jour-1.lock").read_bytes())  # noqa: SLF001 -- the test crafts the journal's own records
     assert last_seq is not None
     payload = b'{"seq":%d,"put":{"workspace":{"x":"%s"}}}' % (last_seq[1] + 1, b"e" * 64)
-    log.write_bytes(data + journal._frame(payload))
+    log.write_bytes(data + journal._frame(payload))  # noqa: SLF001 -- the test crafts the journal's own records
     with pytest.raises(durably.CheckpointCorrupt, match="by key"):
         JournalStore(runs).read_sync("jour-1")
 
@@ -111,7 +113,7 @@ def test_a_keyed_change_that_does_not_fit_the_state_is_corrupt(
     handle.save_sync(state)  # now version 3, generation 2
     handle.close_sync()
     log = runs / "jour-1.2.log"
-    log.write_bytes(log.read_bytes() + journal._frame(b'{"seq":1,%s}' % change))
+    log.write_bytes(log.read_bytes() + journal._frame(b'{"seq":1,%s}' % change))  # noqa: SLF001 -- the test crafts the journal's own records
     with pytest.raises(durably.CheckpointCorrupt, match=reason):
         store.read_sync("jour-1")
 
@@ -126,7 +128,7 @@ def test_a_version_1_snapshot_naming_a_log_loads_and_is_rewritten_as_version_3(
     old = b'{"durably":1,"crc32":%d,"journal":1,"state":%s}' % (zlib.crc32(body), body)
     (runs / "jour-1.json").write_bytes(old)
     log = runs / "jour-1.1.log"
-    framed = journal._unframe(log.read_bytes(), 0)
+    framed = journal._unframe(log.read_bytes(), 0)  # noqa: SLF001 -- the test crafts the journal's own records
     assert framed is not None
     log.write_bytes(log.read_bytes()[framed[1] :])  # version 1 logs had no header record
     (runs / "jour-1.lock").write_bytes(b"")  # nor a watermark

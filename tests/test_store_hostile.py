@@ -23,10 +23,12 @@ STORES = [FileStore, JournalStore]
 
 
 def a_state(run_id: str = "r1") -> RunState:
+    """A fresh run state holding only the task."""
     return RunState(run_id=run_id, task="t", created_at=utcnow(), messages=[UserMessage(text="t")])
 
 
 def grow(state: RunState, n: int) -> None:
+    """Append turn ``n``: one reply with a call and its result."""
     call = ToolCall(id=f"c{n}", name="tool", arguments="{}")
     state.messages.append(AssistantMessage(text=f"turn {n}", calls=(call,), turn=n))
     state.messages.append(ToolResult(call_id=call.id, name="tool", content="x" * 40))
@@ -61,7 +63,8 @@ def test_a_changed_log_generation_is_corrupt_and_the_log_is_kept(tmp_path: Path)
 
 def test_a_snapshot_whose_log_is_missing_is_corrupt_never_a_fresh_start(tmp_path: Path) -> None:
     """A snapshot naming a log that does not exist is CheckpointCorrupt, even right after a
-    compaction (whose log holds only its header)."""
+    compaction (whose log holds only its header).
+    """
     store, runs = journal_run(tmp_path, saves=0)
     (runs / "r1.1.log").unlink()
     with pytest.raises(durably.CheckpointCorrupt, match="it is missing"):
@@ -106,14 +109,15 @@ def test_a_flipped_bit_in_the_last_record_is_corrupt_not_a_torn_tail(tmp_path: P
 
 def test_the_scan_of_trailing_garbage_is_bounded(tmp_path: Path) -> None:
     """Garbage full of record headers after the last record is refused after a bounded number of
-    candidate checks, not scanned candidate by candidate to its end."""
+    candidate checks, not scanned candidate by candidate to its end.
+    """
     store, runs = journal_run(tmp_path)
     (runs / "r1.lock").write_bytes(b"")  # no watermark: only the scan can tell
     log = runs / "r1.1.log"
-    header = journal._HEADER.pack(journal._MAGIC, 1 << 30, 0)  # claims a 1 GiB record
+    header = journal._HEADER.pack(journal._MAGIC, 1 << 30, 0)  # noqa: SLF001 -- a journal record header claiming 1 GiB
     log.write_bytes(log.read_bytes() + header * 100_000)
     calls = 0
-    real = journal._unframe
+    real = journal._unframe  # noqa: SLF001 -- the test is about the journal's record framing
 
     def counting(data: bytes, offset: int) -> tuple[bytes, int] | None:
         nonlocal calls
@@ -125,7 +129,7 @@ def test_the_scan_of_trailing_garbage_is_bounded(tmp_path: Path) -> None:
         pytest.raises(durably.CheckpointCorrupt, match="not one unfinished append"),
     ):
         store.read_sync("r1")
-    assert calls <= journal._SCAN_CANDIDATES + 10
+    assert calls <= journal._SCAN_CANDIDATES + 10  # noqa: SLF001 -- the test is about the journal's record framing
 
 
 # -- 3: foreign or group/other-writable files and directories ---------------------------
@@ -174,6 +178,7 @@ def test_directories_are_made_0700_whatever_the_umask(tmp_path: Path) -> None:
 
 
 def nested(depth: int) -> bytes:
+    """JSON nested ``depth`` levels deep."""
     return b"[" * depth + b"]" * depth
 
 
@@ -184,7 +189,7 @@ def test_deeply_nested_json_is_corrupt_not_a_recursion_error(tmp_path: Path) -> 
     log = runs / "r1.1.log"
     good_log = log.read_bytes()
     payload = b'{"seq":4,"set":{"summary":' + nested(100_000) + b"}}"
-    log.write_bytes(good_log + journal._frame(payload))
+    log.write_bytes(good_log + journal._frame(payload))  # noqa: SLF001 -- the test is about the journal's record framing
     with pytest.raises(durably.CheckpointCorrupt, match="nested too deeply"):
         store.read_sync("r1")
     log.write_bytes(good_log)
@@ -245,7 +250,7 @@ def test_checksum_valid_negative_counts_are_corrupt(tmp_path: Path, field: str) 
     value = msgspec.json.encode(getattr(state, top))
     payload = b'{"seq":4,"set":{"%s":%s}}' % (top.encode(), value)
     with (jruns / "r1.1.log").open("ab") as log:
-        log.write(journal._frame(payload))
+        log.write(journal._frame(payload))  # noqa: SLF001 -- the test is about the journal's record framing
     with pytest.raises(durably.CheckpointCorrupt, match=r"below zero|not a sum spent"):
         store.read_sync("r1")
 
@@ -267,7 +272,8 @@ def test_a_lock_file_deleted_while_held_stops_the_owner(
     tmp_path: Path, store_class: type[FileStore]
 ) -> None:
     """After its lock file is deleted, the owner's next save raises LockLost and writes nothing,
-    so a second owner that got in is never overwritten."""
+    so a second owner that got in is never overwritten.
+    """
     runs = tmp_path / "runs"
     store = store_class(runs)
     state = a_state()
@@ -288,7 +294,8 @@ def test_a_lock_file_deleted_while_held_stops_the_owner(
 
 def test_a_reader_beside_a_saving_owner_never_sees_a_false_corruption(tmp_path: Path) -> None:
     """``read`` (no lock) while the owner appends and compacts gets saved states, never a
-    CheckpointCorrupt from a watermark newer than the log it read."""
+    CheckpointCorrupt from a watermark newer than the log it read.
+    """
     store = JournalStore(tmp_path / "runs", sync=False, compact_min_bytes=0, compact_ratio=0.3)
     state = a_state()
     handle = store.create_sync(state)

@@ -29,6 +29,7 @@ EAGER = functools.partial(JournalStore, compact_min_bytes=0, compact_ratio=0.5)
 
 
 def a_state(run_id: str = "r1") -> RunState:
+    """A fresh run state holding only the task."""
     return RunState(run_id=run_id, task="t", created_at=utcnow(), messages=[UserMessage(text="t")])
 
 
@@ -41,6 +42,7 @@ def grow(state: RunState, n: int) -> None:
 
 
 def without_saved_at(state: RunState) -> RunState:
+    """``state`` with its save time cleared, to compare as loaded."""
     state.saved_at = None
     return state
 
@@ -82,6 +84,7 @@ def test_a_rewritten_history_compacts_into_a_new_generation(tmp_path: Path) -> N
 
 
 def log_with_records(tmp_path: Path, count: int) -> tuple[JournalStore, list[RunState], Path]:
+    """A journal run saved ``count`` times after its snapshot: store, saved states, log."""
     store = JournalStore(tmp_path / "runs", sync=False)
     state = a_state()
     handle = store.create_sync(state)
@@ -95,18 +98,21 @@ def log_with_records(tmp_path: Path, count: int) -> tuple[JournalStore, list[Run
 
 
 def msgspec_copy(state: RunState) -> RunState:
+    """A deep copy of ``state``, through the codec."""
     return durably.state.decode_state(durably.state.encode_state(state))
 
 
 def header_size(data: bytes) -> int:
-    framed = journal._unframe(data, 0)
+    """The size of the log's header record (``seq 0``)."""
+    framed = journal._unframe(data, 0)  # noqa: SLF001 -- the test is about the journal's record framing
     assert framed is not None
     return framed[1]
 
 
 def test_every_truncation_of_the_log_loads_a_saved_state_and_cuts_the_tail(tmp_path: Path) -> None:
     """Without a watermark (a power cut lost it), a log cut after its header loads the last whole
-    record's state and opening trims the tail; a cut into the header is CheckpointCorrupt."""
+    record's state and opening trims the tail; a cut into the header is CheckpointCorrupt.
+    """
     store, history, log = log_with_records(tmp_path, 3)
     (tmp_path / "runs" / "r1.lock").write_bytes(b"")
     data = log.read_bytes()
@@ -142,11 +148,12 @@ def test_a_truncated_log_that_lost_an_acknowledged_save_is_corrupt(tmp_path: Pat
 
 def test_a_damaged_record_with_records_after_it_is_corrupt(tmp_path: Path) -> None:
     """A bad checksum mid-log is CheckpointCorrupt, never skipped, and the file is untouched,
-    even with no watermark to compare the log with."""
+    even with no watermark to compare the log with.
+    """
     store, _, log = log_with_records(tmp_path, 3)
     data = bytearray(log.read_bytes())
     ends = [0]  # where each record ends: the log's header record, then the saves
-    while (framed := journal._unframe(bytes(data), ends[-1])) is not None:
+    while (framed := journal._unframe(bytes(data), ends[-1])) is not None:  # noqa: SLF001 -- the test is about the journal's record framing
         ends.append(framed[1])
     assert len(ends) >= 4, "a header and at least two saves"
     data[ends[1] + 20] ^= 0xFF  # inside the first save's record, with saves after it
@@ -189,12 +196,14 @@ def test_compaction_survives_every_power_cut() -> None:
 
 @contextmanager
 def checksum_unchecked() -> Iterator[None]:
+    """A mutant: records are read without checking their CRC."""
+
     def unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
-        if offset + journal._HEADER.size > len(data):
+        if offset + journal._HEADER.size > len(data):  # noqa: SLF001 -- the test is about the journal's record framing
             return None
-        _, length, _ = journal._HEADER.unpack_from(data, offset)
-        end = offset + journal._HEADER.size + length
-        return data[offset + journal._HEADER.size : min(end, len(data))], min(end, len(data))
+        _, length, _ = journal._HEADER.unpack_from(data, offset)  # noqa: SLF001 -- the test is about the journal's record framing
+        end = offset + journal._HEADER.size + length  # noqa: SLF001 -- the test is about the journal's record framing
+        return data[offset + journal._HEADER.size : min(end, len(data))], min(end, len(data))  # noqa: SLF001 -- the test is about the journal's record framing
 
     with mock.patch.object(journal, "_unframe", unframe):
         yield
@@ -202,14 +211,16 @@ def checksum_unchecked() -> Iterator[None]:
 
 @contextmanager
 def log_deleted_early() -> Iterator[None]:
+    """A mutant: compaction removes the old log before the new snapshot is durable."""
+
     def write_snapshot(self: JournalRun, data: bytes) -> None:
         if self._generation:  # the mutant: drop the old log before the new snapshot is durable
             with contextlib.suppress(FileNotFoundError):
                 self._store.fs.unlink(
-                    journal._log_name(self._run_id, self._generation),
-                    dir_fd=self._store._directory_fd(),
+                    journal._log_name(self._run_id, self._generation),  # noqa: SLF001 -- a mutant of compaction's internals
+                    dir_fd=self._store._directory_fd(),  # noqa: SLF001 -- a mutant of compaction's internals
                 )
-        durably.stores.file.FileRun._write_snapshot(self, data)
+        durably.stores.file.FileRun._write_snapshot(self, data)  # noqa: SLF001 -- a mutant of compaction's internals
 
     with mock.patch.object(JournalRun, "_write_snapshot", write_snapshot):
         yield
@@ -217,7 +228,7 @@ def log_deleted_early() -> Iterator[None]:
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 
-MUTANTS: dict[str, tuple[Mutant, Callable[..., object]]] = {
+MUTANTS: dict[str, tuple[Mutant, Callable[..., JournalStore]]] = {
     "no fdatasync": (no_datasync, JournalStore),
     "checksum not checked": (checksum_unchecked, JournalStore),
     "old log deleted before the snapshot's directory sync": (log_deleted_early, EAGER),

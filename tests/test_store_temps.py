@@ -29,7 +29,8 @@ def test_temp_names_match_their_own_stem_only() -> None:
 
 def test_opening_run_a_never_removes_run_a_b_temp(tmp_path: Path) -> None:
     """Opening run ``a`` removes ``.a.<hex>.tmp`` but leaves ``.a.b.<hex>.tmp`` of run ``a.b``
-    (it deleted it, and run a.b's saves then failed)."""
+    (it deleted it, and run a.b's saves then failed).
+    """
     runs = tmp_path / "runs"
     store = FileStore(runs, sync=False)
     store.create_sync(state_a("a")).close_sync()
@@ -44,7 +45,7 @@ def test_opening_run_a_never_removes_run_a_b_temp(tmp_path: Path) -> None:
     assert theirs.exists()
     other.save_sync(state_b("a.b"))
     other.close_sync()
-    store.close()
+    store.close_sync()
 
 
 @pytest.mark.parametrize("make", [FileStore, JournalStore])
@@ -52,7 +53,8 @@ def test_a_save_of_a_b_survives_run_a_opened_in_its_middle(
     tmp_path: Path, make: type[FileStore]
 ) -> None:
     """Run ``a`` opened while a save of ``a.b`` sits between its temp write and its rename: the
-    save still succeeds and loads back, on both stores (it failed with SaveFailed)."""
+    save still succeeds and loads back, on both stores (it failed with SaveFailed).
+    """
     store = make(tmp_path / "runs", sync=False)
     store.create_sync(state_a("a")).close_sync()
     other = store.create_sync(state_a("a.b"))
@@ -63,7 +65,7 @@ def test_a_save_of_a_b_survives_run_a_opened_in_its_middle(
             handle.close_sync()
 
     with faults.installed(faults.CrashPlan(on_point=open_a)):
-        other._write_snapshot(seal(state_b("a.b")))
+        other._write_snapshot(seal(state_b("a.b")))  # noqa: SLF001 -- a save of the other run, stopped at its temp write
     other.close_sync()
     assert store.read_sync("a.b").messages == state_b("a.b").messages
-    store.close()
+    store.close_sync()

@@ -7,19 +7,29 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from typing_extensions import override
 
 import durably
 from durably import Effect, ToolContext, tool
-from durably.sweep import CONFIGS, SweepReport, World, assert_clean, digest_files, run_sweep
+from durably.sweep import (
+    CONFIGS,
+    SweepReport,
+    World,
+    assert_clean,
+    digest_files,
+    run_sweep,
+    scratch_root,
+)
 from durably.sweep import core as sweep_core
-from durably.sweep._tree import Tree, Uncopyable
-from durably.sweep.powerloss_sweep import run_power_loss_sweep
+from durably.sweep.powerloss import run_power_loss_sweep
+from durably.sweep.tree import Tree, Uncopyable
 
 REFERENCE = Path(__file__).parent / "testdata" / "sweep.txt"
 
@@ -35,11 +45,13 @@ class Ledger:
         self.honour_keys = honour_keys
 
     def entries(self) -> list[dict[str, object]]:
+        """Every refund in the ledger, in order."""
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
     def refund(self, *, order: str, cents: int, key: str) -> str:
+        """Make a refund, or with keys honoured, give the one made with ``key`` again."""
         if self.honour_keys:
             for entry in self.entries():
                 if entry["key"] == key:
@@ -57,15 +69,18 @@ class RefundJob:
     name = "refunds"
 
     def prepare(self, world: World) -> None:
+        """Make the outbox the email tool writes to."""
         (world.root / "mail").mkdir()
 
     def task(self) -> str:
+        """The task the agent is given."""
         return "refund orders 1042 and 1043 and tell the customer"
 
     def _ledger(self, world: World) -> Ledger:
         return Ledger(world.root / "ledger.jsonl", honour_keys=world.config.honour_keys)
 
     def agent(self, world: World, approver: durably.Approver) -> durably.Agent:
+        """The refund agent: a keyed refund with a lookup, and an email."""
         ledger = self._ledger(world)
         outbox = world.root / "mail"
 
@@ -122,14 +137,17 @@ class RefundJob:
         return durably.Agent(model=model, tools=tools, store=world.store(), approver=approver)
 
     def call_log(self, world: World) -> durably.CallLog:
+        """Where the model's calls are logged."""
         return durably.CallLog(world.root / "model.jsonl")
 
     def effects(self, world: World) -> Counter[str]:
+        """What the run did to the world: each refund and each email."""
         found = Counter(f"refund {e['order']}" for e in self._ledger(world).entries())
         found.update(f"email {p.read_text()}" for p in (world.root / "mail").iterdir())
         return found
 
     def oracle(self, world: World, request: durably.ResolveRequest) -> durably.Rerun | durably.Done:
+        """A person who answers from the world: done when the effect is there, else rerun."""
         if (
             request.tool == "send_email"
             and (world.root / "mail" / f"{request.idempotency_key}.txt").exists()
@@ -140,9 +158,11 @@ class RefundJob:
         return durably.Rerun()
 
     def checks(self, world: World, state: durably.RunState) -> list[str]:
+        """A problem when the run did not end with the expected answer."""
         return [] if state.answer == "Both refunded; customer told." else ["wrong answer"]
 
     def fingerprint(self, world: World) -> str:
+        """A digest of the files a crash could have changed."""
         files = [world.store_dir / "sweep-run.json", world.root / "ledger.jsonl"]
         files += sorted((world.root / "mail").iterdir())
         files += [world.root / "model.jsonl", world.questions_log]
@@ -158,6 +178,32 @@ def test_a_job_built_from_the_public_api_sweeps_clean_at_depth_two() -> None:
     assert rows[0].questions == 0  # keys honoured: nothing gets past the ladder's first step
 
 
+class WhereJob(RefundJob):
+    """The refund job, noting where each world it prepares lives."""
+
+    def __init__(self, notes: Path) -> None:
+        self.notes = notes
+
+    @override
+    def prepare(self, world: World) -> None:
+        super().prepare(world)
+        with self.notes.open("a") as out:
+            out.write(f"{world.root}\n")
+
+
+def test_scenario_worlds_live_in_the_scratch_root(tmp_path: Path) -> None:
+    """Every scenario's world is made under the sweep's scratch root: /dev/shm when writable."""
+    notes = tmp_path / "roots.txt"
+    run_sweep(WhereJob(notes), configs=CONFIGS[:1], depth=1, jobs=1)
+    shm = Path("/dev/shm")
+    writable = shm.is_dir() and os.access(shm, os.W_OK)
+    assert scratch_root() == (str(shm) if writable else None)
+    where = Path(scratch_root() or tempfile.gettempdir())
+    roots = [Path(line) for line in notes.read_text().splitlines()]
+    assert len(roots) > 3
+    assert all(root.is_relative_to(where) for root in roots), roots
+
+
 def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -171,7 +217,7 @@ def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
     def uncopyable(root: Path) -> Tree:
         raise Uncopyable(f"{root} (as if it held a socket)")
 
-    monkeypatch.setattr(sweep_core.Tree, "read", uncopyable)  # workers fork after this
+    monkeypatch.setattr(Tree, "read", uncopyable)  # workers fork after this
     fresh = run_sweep(RefundJob(), configs=CONFIGS[1:2], depth=2, jobs=2)
     assert len([r for r in kept.results if r.depth == 2]) > 10
     assert verdicts(kept) == verdicts(fresh)
@@ -198,7 +244,7 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
             raise RuntimeError("no agent today")
 
     try:
-        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)
+        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)  # noqa: SLF001 -- the test is about the sweep's worker warm-up
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from typing_extensions import override
 
 from durably.sweep import CONFIGS, SweepReport, World, _fresh, run_sweep
 from test_sweep import RefundJob
@@ -25,6 +26,7 @@ class NotingJob(RefundJob):
     def __init__(self, notes: Path) -> None:
         self.notes = notes
 
+    @override
     def prepare(self, world: World) -> None:
         super().prepare(world)
         note = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[:1]}
@@ -38,12 +40,14 @@ class NotingJob(RefundJob):
 
 
 def verdicts(report: SweepReport) -> list[dict[str, object]]:
+    """The scenarios' verdicts without their error text."""
     return [{k: v for k, v in asdict(r).items() if k != "error"} for r in report.results]
 
 
 def test_fresh_workers_are_new_interpreters_and_judge_as_forked_ones(tmp_path: Path) -> None:
     """``workers="fresh"`` runs scenarios in interpreters started for it (not copies of the
-    caller), and every scenario's verdict is the one forked workers give."""
+    caller), and every scenario's verdict is the one forked workers give.
+    """
     fresh_job, forked_job = NotingJob(tmp_path / "fresh"), NotingJob(tmp_path / "forked")
 
     fresh = run_sweep(fresh_job, configs=CONFIGS[1:2], depth=2, jobs=2, workers="fresh")
@@ -60,7 +64,8 @@ def test_fresh_workers_are_new_interpreters_and_judge_as_forked_ones(tmp_path: P
 
 def test_a_job_that_cannot_be_pickled_is_refused_before_any_work(tmp_path: Path) -> None:
     """A job class defined in a function cannot reach a fresh interpreter: ValueError saying
-    why and what to do, raised before the job runs."""
+    why and what to do, raised before the job runs.
+    """
 
     class Local(RefundJob):
         def prepare(self, world: World) -> None:
@@ -76,7 +81,8 @@ def test_a_job_the_worker_cannot_import_is_refused_and_no_worker_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A job that pickles here but names a module only this process has: ValueError naming
-    the module, and the workers started for it are stopped."""
+    the module, and the workers started for it are stopped.
+    """
     module = types.ModuleType("durably_test_module_only_here")
 
     class Ghost(RefundJob):
@@ -100,7 +106,8 @@ def _double_or_raise(item: int) -> int:
 
 def test_outcomes_come_back_and_a_raising_task_raises_in_the_caller() -> None:
     """Every item's outcome comes back once; an exception in a worker is raised here, as it
-    is from forked workers."""
+    is from forked workers.
+    """
     before = set(_children_running())  # another test's helper process may still be ending
     workers = _fresh.start(2, _double_or_raise, (RefundJob(), CONFIGS[0], None))
     try:

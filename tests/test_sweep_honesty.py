@@ -99,7 +99,8 @@ def test_assert_clean_raises_on_an_errored_scenario(monkeypatch: pytest.MonkeyPa
 @pytest.mark.slow
 def test_the_sweep_command_exits_1_when_no_kill_happens(tmp_path: Path) -> None:
     """With every kill a no-op (each scenario errors), ``durably sweep`` exits 1, says why,
-    and its JSON is not ok, though every count in the table is zero."""
+    and its JSON is not ok, though every count in the table is zero.
+    """
     env = dict(os.environ)
     env[ENV] = "a kill that does nothing"
     env["PYTHONPATH"] = os.pathsep.join(
@@ -148,7 +149,8 @@ the one where a repeated filing shows. All seven took 9.5 minutes on a loaded 2-
 @pytest.mark.timeout(900)
 def test_merged_and_unmerged_sweeps_judge_every_point_alike() -> None:
     """At depth 1, killing at every labelled point judges each point as the merged sweep's
-    scenario that stands for it does: fingerprint equivalence hides nothing."""
+    scenario that stands for it does: fingerprint equivalence hides nothing.
+    """
     from durably.triage.job import TriageJob
 
     configs = [c for c in CONFIGS if c.name in EQUIVALENCE_CONFIGS]
@@ -185,14 +187,14 @@ def test_a_scenario_leaves_no_descriptor_open_in_its_worker() -> None:
     from durably.triage.job import TriageJob
 
     job, config = TriageJob(), CONFIGS[0]
-    labels, prints, reference = sweep_core._record_points(job, config, None)
+    labels, prints, reference = sweep_core._record_points(job, config, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
     groups = [
-        sweep_core._Group(config, index, labels[index - 1], covers, 1)
-        for index, covers in sweep_core._distinct(prints)
+        sweep_core._Group(config, index, labels[index - 1], covers, 1)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+        for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's per-group caching
     ][-4:]  # the last points: the run's whole checkpoint is read at each
-    sweep_core._run_group(job, groups[0], reference, None)  # caches fill on the first
+    sweep_core._run_group(job, groups[0], reference, None)  # noqa: SLF001 -- caches fill on the first group
     before = _open_descriptors()
     for group in groups[1:]:
-        (result,) = sweep_core._run_group(job, group, reference, None)
+        (result,) = sweep_core._run_group(job, group, reference, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
         assert result.error is None
     assert _open_descriptors() == before

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from durably.sweep.randomkill import RandomReport, RandomRun, run_random_sweep
+from durably.triage.job import TriageDemo
+from durably.triage.world import UnknownTask, World
 
 
 def run(**changes: object) -> RandomRun:
+    """A passing random-sweep run, with ``changes`` applied."""
     fields: dict[str, object] = {
         "run": 0,
         "store": "journal",
@@ -40,25 +44,26 @@ def test_a_run_is_clean_only_with_every_check_and_nothing_duplicated_or_lost() -
 
 def test_a_report_with_no_run_is_a_problem() -> None:
     """An empty random sweep is a failure, never clean."""
-    empty = RandomReport(task="t", seed=0, runs=(), plain_seconds=1.0)
+    empty = RandomReport(job="t", seed=0, runs=(), plain_seconds=1.0)
     assert empty.problems() == ["the random sweep ran no run"]
-    bad = RandomReport(task="t", seed=0, runs=(run(), run(run=1, lost=2)), plain_seconds=1.0)
+    bad = RandomReport(job="t", seed=0, runs=(run(), run(run=1, lost=2)), plain_seconds=1.0)
     assert bad.problems() == ["run 1 (journal, 1 kills): 0 duplicated, 2 lost"]
 
 
 def test_bad_arguments_are_refused() -> None:
     """Zero runs, zero kills or an unknown store are refused before anything runs."""
     with pytest.raises(ValueError, match="runs and kills"):
-        run_random_sweep(runs=0)
+        run_random_sweep(TriageDemo(), runs=0)
     with pytest.raises(ValueError, match="stores are chosen from"):
-        run_random_sweep(runs=1, stores=("sqlite",))
+        run_random_sweep(TriageDemo(), runs=1, stores=("sqlite",))
 
 
 @pytest.mark.slow
 def test_twenty_runs_killed_up_to_six_times_each_end_sixteen_of_sixteen() -> None:
     """Seed 0: 20 runs of the demo (both stores in turn), each SIGKILLed at up to 6 random
-    instants, each then finished: every run 16/16, nothing duplicated or lost."""
-    report = run_random_sweep(runs=20, kills=6, seed=0, jobs=2)
+    instants, each then finished: every run 16/16, nothing duplicated or lost.
+    """
+    report = run_random_sweep(TriageDemo(), runs=20, kills=6, seed=0, jobs=2)
     assert report.problems() == [], report.text()
     assert len(report.runs) == 20
     assert {r.store for r in report.runs} == {"journal", "snapshot"}
@@ -70,7 +75,8 @@ def test_twenty_runs_killed_up_to_six_times_each_end_sixteen_of_sixteen() -> Non
 @pytest.mark.slow
 def test_the_cli_runs_a_random_sweep_with_any_seed(tmp_path: Path) -> None:
     """``durably sweep --random RUNS --kills K --seed S`` prints one line per run and exits 0
-    when every run is clean."""
+    when every run is clean.
+    """
     out = tmp_path / "random.json"
     command = [sys.executable, "-m", "durably", "sweep", "--random", "2", "--kills", "2"]
     command += ["--seed", "7", "--json", str(out)]
@@ -78,3 +84,26 @@ def test_the_cli_runs_a_random_sweep_with_any_seed(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2/2 runs clean" in done.stdout
     assert json.loads(out.read_text())["seed"] == 7
+
+
+def test_the_demo_job_refuses_an_unknown_task_and_reports_no_outcome_before_a_finish(
+    tmp_path: Path,
+) -> None:
+    """``TriageDemo`` names an unknown task at once, and has no outcome for a run not finished."""
+    with pytest.raises(UnknownTask, match="no-such-task"):
+        TriageDemo("no-such-task")
+    demo = TriageDemo()
+    assert demo.outcome(tmp_path / "state") is None
+    world = World.create(tmp_path / "state" / "worlds" / "r1", demo.task)
+    assert demo.outcome(tmp_path / "state") is None  # a world, but no checks written: not done
+    (world.root / "checks.json").write_text(json.dumps([{"name": "a", "ok": True, "reason": ""}]))
+    outcome = demo.outcome(tmp_path / "state")
+    assert outcome is not None
+    assert outcome.checks == (("a", True, ""),)
+    assert outcome.effects == Counter()
+    assert demo.command(tmp_path / "s", "journal")[-4:] == [
+        "--store",
+        "journal",
+        "--state",
+        str(tmp_path / "s"),
+    ]

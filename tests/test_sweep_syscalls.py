@@ -69,7 +69,8 @@ def test_only_opens_for_writing_are_kill_points() -> None:
 
 def test_kill_points_that_leave_the_same_disk_are_one_kill() -> None:
     """Points with no file-changing call between them share a group; a pipe write, an fsync and
-    a failed unlink change no file, a write to a file, a create and a rename do."""
+    a failed unlink change no file, a write to a file, a create and a rename do.
+    """
     groups, unreachable = parse_trace(LOG).kills()
     assert unreachable == 1  # thread 101's first write: thread 100 made its first write earlier
     described = [[f"{c.kind}#{c.index}" for c in group] for group in groups]
@@ -154,7 +155,8 @@ def _kill_then_resume(tmp_path: Path, target: Callable[[Call], bool]) -> str:
 @pytest.mark.slow
 def test_a_kill_between_a_workspace_temp_and_its_rename_leaves_no_temp(tmp_path: Path) -> None:
     """Killed just before a workspace write's rename, the resumed demo removes the temp file it
-    left and ends 16/16 (it ended 15/16: "left over: todo/.store.py.<hex>.tmp")."""
+    left and ends 16/16 (it ended 15/16: "left over: todo/.store.py.<hex>.tmp").
+    """
     out = _kill_then_resume(tmp_path, lambda c: c.kind == "renameat" and '".store.py.' in c.text)
     assert "16/16 checks passed" in out, out[-3000:]
 
@@ -162,7 +164,8 @@ def test_a_kill_between_a_workspace_temp_and_its_rename_leaves_no_temp(tmp_path:
 def test_a_kill_inside_a_first_save_leaves_no_temp_for_ever(tmp_path: Path) -> None:
     """A process killed inside a new run's very first save (before its rename) leaves a temp
     file no owner will ever open; the next run created in that directory removes it (the demo
-    starts a new run ID then, and its check found ".RUN.<hex>.tmp" left over)."""
+    starts a new run ID then, and its check found ".RUN.<hex>.tmp" left over).
+    """
     runs = tmp_path / "runs"
     child = [sys.executable, str(CHILD), "save", str(runs), "dead"]
     killed = subprocess.run(
@@ -179,13 +182,14 @@ def test_a_kill_inside_a_first_save_leaves_no_temp_for_ever(tmp_path: Path) -> N
     assert not (runs / "dead.json").exists()
     store = FileStore(runs, sync=False)
     store.create_sync(state_a("next")).close_sync()
-    store.close()
+    store.close_sync()
     assert [p.name for p in runs.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_an_orphan_temp_whose_run_is_held_is_left_alone(tmp_path: Path) -> None:
     """A first save still in progress (its lock held by a live process) keeps its temp file when
-    another run is created beside it."""
+    another run is created beside it.
+    """
     runs = tmp_path / "runs"
     store = FileStore(runs, sync=False)
     store.create_sync(state_a("other")).close_sync()
@@ -198,7 +202,7 @@ def test_an_orphan_temp_whose_run_is_held_is_left_alone(tmp_path: Path) -> None:
         assert temp.exists()
     finally:
         os.close(lock)
-        store.close()
+        store.close_sync()
 
 
 @pytest.mark.slow
@@ -206,7 +210,8 @@ def test_a_kill_before_the_patch_ledger_line_keeps_ledger_and_file_in_step(
     tmp_path: Path,
 ) -> None:
     """Killed after a patch's rename but before its ledger line, the resumed run's lookup finds
-    the patch applied and settles the ledger: 16/16 (it said "patched 0 times, expected 1")."""
+    the patch applied and settles the ledger: 16/16 (it said "patched 0 times, expected 1").
+    """
     out = _kill_then_resume(tmp_path, lambda c: c.kind == "write" and "patches.jsonl>" in c.text)
     assert "16/16 checks passed" in out, out[-3000:]
 
@@ -217,7 +222,8 @@ def test_a_kill_before_the_patch_ledger_line_keeps_ledger_and_file_in_step(
 @pytest.mark.slow
 def test_the_cli_sweeps_system_calls_and_prints_kills_per_kind(tmp_path: Path) -> None:
     """``durably sweep --syscalls`` runs the sweep, prints the kills per call kind and writes
-    its table; exit 0 when clean."""
+    its table; exit 0 when clean.
+    """
     table = tmp_path / "table.txt"
     command = [sys.executable, "-m", "durably", "sweep", "--syscalls", "--depth", "1"]
     command += ["--sample", "1", "--stores", "journal", "--jobs", "2", "--text", str(table)]
@@ -238,7 +244,8 @@ def sampled() -> SyscallReport:
 @pytest.mark.slow
 def test_the_sampled_syscall_sweep_is_clean(sampled: SyscallReport) -> None:
     """Killed at two calls of every kind it makes (and again during the restart), on both
-    stores: every scenario finished, nothing duplicated, lost or paid twice, no failed check."""
+    stores: every scenario finished, nothing duplicated, lost or paid twice, no failed check.
+    """
     assert sampled.problems() == [], sampled.text()
     rows = sampled.report.rows()
     assert [(r.config, r.depth) for r in rows] == [
@@ -285,7 +292,8 @@ def _masked(text: str) -> tuple[str, dict[str, int]]:
 @pytest.mark.slow
 def test_the_sampled_table_matches_the_reference(sampled: SyscallReport) -> None:
     """The CI sample's table equals tests/testdata/sweep-syscalls.txt, depth-2 sizes within 5%
-    (regenerate: ``durably sweep --syscalls --depth 2 --sample 2 --text <that file>``)."""
+    (regenerate: ``durably sweep --syscalls --depth 2 --sample 2 --text <that file>``).
+    """
     found, sizes = _masked(sampled.text())
     wanted, reference = _masked((TESTDATA / "sweep-syscalls.txt").read_text())
     assert found == wanted

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from durably.sweep._tree import Tree, Uncopyable
+from durably.sweep.tree import Tree, Uncopyable
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int, bytes | str | None]]:
@@ -45,6 +45,7 @@ def _world(root: Path) -> None:
 
 
 def test_a_tree_is_laid_down_exactly_as_it_was_read(tmp_path: Path) -> None:
+    """A tree read and written elsewhere has the same files, links, modes, times and bytes."""
     source = tmp_path / "source"
     source.mkdir()
     _world(source)
@@ -59,6 +60,7 @@ def test_a_tree_is_laid_down_exactly_as_it_was_read(tmp_path: Path) -> None:
 def test_writing_again_removes_what_a_restart_added_and_restores_what_it_changed(
     tmp_path: Path,
 ) -> None:
+    """Writing a tree again undoes a restart's changes: new files go, changed ones return."""
     root = tmp_path / "world"
     root.mkdir()
     _world(root)
@@ -74,12 +76,14 @@ def test_writing_again_removes_what_a_restart_added_and_restores_what_it_changed
 
 
 def test_a_fifo_cannot_be_copied_and_says_where_it_is(tmp_path: Path) -> None:
+    """A FIFO cannot be kept in memory, and the error names it."""
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(Uncopyable, match="pipe"):
         Tree.read(tmp_path)
 
 
 def test_a_tree_too_large_to_keep_in_memory_is_refused(tmp_path: Path) -> None:
+    """A tree larger than ``max_bytes`` is refused, naming the limit."""
     (tmp_path / "a").write_bytes(b"x" * 600)
     (tmp_path / "b").write_bytes(b"y" * 600)
     assert len(Tree.read(tmp_path, max_bytes=1200).entries) == 2

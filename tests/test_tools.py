@@ -24,6 +24,7 @@ def _factory(prefix: str) -> Tool:
 
 
 def test_the_schema_comes_from_the_type_hints() -> None:
+    """A tool's argument schema comes from its type hints, defaults included."""
     tool = _factory("hi")
     assert tool.schema["properties"] == {
         "name": {"type": "string"},
@@ -34,6 +35,7 @@ def test_the_schema_comes_from_the_type_hints() -> None:
 
 
 def test_tools_made_by_one_factory_share_a_description_but_not_its_dicts() -> None:
+    """Tools made by one factory share their described arguments but never a mutable schema."""
     first, second = _factory("hi"), _factory("hello")
     assert first.arguments is second.arguments
     assert first.schema == second.schema
@@ -43,8 +45,10 @@ def test_tools_made_by_one_factory_share_a_description_but_not_its_dicts() -> No
 
 
 def test_functions_with_other_annotations_or_defaults_are_described_apart() -> None:
+    """Functions with the same code but other annotations or defaults get their own description."""
+
     def make(kind: Any, default: object) -> Tool:
-        async def pick(ctx: ToolContext, value: kind = default) -> str:  # type: ignore[valid-type]
+        async def pick(ctx: ToolContext, value: kind = default) -> str:
             return str(value)
 
         pick.__annotations__ = {"ctx": ToolContext, "value": kind, "return": str}
@@ -58,6 +62,8 @@ def test_functions_with_other_annotations_or_defaults_are_described_apart() -> N
 
 
 def test_an_unhashable_default_is_described_every_time() -> None:
+    """A default that cannot be hashed is described afresh each time, not from a cache."""
+
     @durably.tool(effect=Effect.READ)
     async def tags(ctx: ToolContext, names: list[str] = []) -> str:  # noqa: B006 - on purpose
         return ",".join(names)
@@ -75,6 +81,7 @@ def test_an_unhashable_default_is_described_every_time() -> None:
     ],
 )
 def test_declarations_a_model_cannot_call_are_refused(source: str, message: str) -> None:
+    """A declaration a model cannot call (sync, no context, ``*args``, no hint) is a TypeError."""
     namespace: dict[str, Any] = {}
     exec(source, namespace)  # noqa: S102 - each case is a function definition
     with pytest.raises(TypeError, match=message):

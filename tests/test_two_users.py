@@ -84,7 +84,8 @@ def durably(*args: str | Path, umask: int | None = None) -> subprocess.Completed
 def test_a_forged_checkpoint_from_another_user_is_refused(mallory: str, shared: Path) -> None:
     """Under umask 000 durably still makes its directories 0700, so another user cannot plant a
     checkpoint in them; one planted in directories that user owns, or a checkpoint file that
-    user owns, is refused naming the path, the owner and the mode, and nothing runs."""
+    user owns, is refused naming the path, the owner and the mode, and nothing runs.
+    """
     mine = shared / "mine"
     crashed = durably(
         "triage",

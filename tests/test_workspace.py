@@ -45,7 +45,7 @@ def test_a_written_file_reads_back(workspace: Workspace) -> None:
 
 
 def test_write_returns_and_records_the_sha256(workspace: Workspace) -> None:
-    """write returns the content's SHA-256; take_written hands over each path's last hash once."""
+    """``write`` returns the SHA-256 of the content; ``take_written`` gives each last hash once."""
     first = workspace.write("a.txt", b"one")
     workspace.write("b/c.txt", "two")
     last = workspace.write("a.txt", b"three")
@@ -138,7 +138,7 @@ def test_a_symlinked_file_inside_the_workspace_is_refused(
 
 
 def test_verify_passes_when_nothing_changed(workspace: Workspace) -> None:
-    """verify of the hashes a run recorded returns quietly when the files are as written."""
+    """``verify`` of the hashes a run recorded returns quietly when the files are as written."""
     recorded = {"a.txt": workspace.write("a.txt", "a"), "d/b.txt": workspace.write("d/b.txt", "b")}
     workspace.verify(recorded, run_id="r1")
     assert workspace.changed(recorded) == []
@@ -226,7 +226,8 @@ def test_a_regular_file_in_the_way_of_a_directory_is_not_called_a_symlink(
 
 def test_remove_temp_files_removes_only_what_a_killed_write_leaves(workspace: Workspace) -> None:
     """The next owner removes every ``.<name>.<16 hex>.tmp`` in any directory of the workspace,
-    and nothing else: not hidden files, not other names ending in .tmp."""
+    and nothing else: not hidden files, not other names ending in .tmp.
+    """
     workspace.write("a/b/keep.py", "x")
     root = workspace.root
     (root / "a" / "b" / ".keep.py.0123456789abcdef.tmp").write_text("half")

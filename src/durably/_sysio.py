@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
 import re
 import secrets
@@ -18,7 +17,10 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = [
     "FileSystem",
@@ -26,13 +28,24 @@ __all__ = [
     "filesystem_type",
     "fsync_fd",
     "is_temp_name",
+    "logger",
     "read_file",
     "replace_file",
     "temp_name",
     "write_file",
 ]
 
-log = logging.getLogger("durably.io")
+
+def logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)``, importing logging when first needed.
+
+    The stores log only on rare paths (a temp file left behind), and importing
+    logging is a visible part of a command's start-up (benchmarks/startup.py).
+    """
+    import logging
+
+    return logging.getLogger(name)
+
 
 _T = TypeVar("_T")
 _TEMP_HEX = 16
@@ -111,6 +124,19 @@ class FileSystem:
     def truncate(self, fd: int, size: int) -> None:
         """Cut a file to ``size`` bytes."""
         os.ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> bool:
+        """Reserve ``length`` bytes from ``offset``, growing the file; they read as zeros.
+
+        Writing into reserved space and syncing it need not commit a change of the
+        file's size or block map to the file system's journal. Returns False when
+        this platform has no ``posix_fallocate``; failures (``ENOSPC``) raise.
+        """
+        allocate = getattr(os, "posix_fallocate", None)
+        if allocate is None:  # pragma: no cover - macOS, not run on Linux CI
+            return False
+        allocate(fd, offset, length)
+        return True
 
     def seek_end(self, fd: int) -> int:
         """Move a descriptor's offset to the end of its file; return that offset."""
@@ -249,7 +275,9 @@ def replace_file(
             try:
                 fs.unlink(temp, dir_fd=dir_fd)
             except OSError:
-                log.warning("could not remove %s; its owner removes it on its next open", temp)
+                logger("durably.io").warning(
+                    "could not remove %s; its owner removes it on its next open", temp
+                )
 
 
 def append_line(path: str | os.PathLike[str], line: bytes, *, mode: int = 0o600) -> None:

@@ -37,7 +37,7 @@ def text_problem(value: object) -> str | None:
 
 
 def escaped(text: str) -> str:
-    """``text`` with every lone surrogate written as a ``\\udXXX`` escape, so it can be stored.
+    r"""``text`` with every lone surrogate written as a ``\udXXX`` escape, so it can be stored.
 
     Used for messages durably writes itself (an exception's text, a lookup's
     failure), where losing a character is better than refusing the message.

@@ -17,7 +17,6 @@ when it does not fit the question: ``Yes``/``No`` answer an approval,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 
 from .approval import (
@@ -32,7 +31,7 @@ from .approval import (
     _Deferred,
 )
 from .errors import AnswerRefused
-from .keys import idempotency_key
+from .listing import Question, questions
 from .loop import shielded
 from .state import (
     AssistantMessage,
@@ -50,56 +49,6 @@ __all__ = ["WORDS", "AskLater", "Question", "answer", "parse_answer", "questions
 
 WORDS = ("yes", "no", "rerun", "done")
 """The answers a person can give, as typed on the command line."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Question:
-    """One open question of a paused run."""
-
-    run_id: str
-    call_id: str
-    tool: str
-    kind: str
-    """``approve`` (may the call run?) or ``resolve`` (did this in-doubt call happen?)."""
-    effect: str | None
-    """The tool's effect as recorded when the run started (None for an old run without it)."""
-    arguments: str
-    key: str
-    """The call's idempotency key."""
-    asked_at: datetime
-    started_at: datetime | None
-    """For ``resolve``: when the attempt that may have acted started."""
-    why: str | None
-    """For ``resolve``: why the ladder could not decide by itself."""
-
-    @property
-    def answers(self) -> tuple[str, str]:
-        """The two words that fit this question."""
-        return ("yes", "no") if self.kind == "approve" else ("rerun", "done")
-
-
-def questions(state: RunState) -> list[Question]:
-    """The questions ``state`` waits for, in the order of the reply's calls."""
-    effects = {t.name: str(t.effect) for t in state.fingerprint.tools} if state.fingerprint else {}
-    order = {call.id: n for n, call in enumerate(state.unanswered())}
-    found = []
-    for pending in sorted(state.pending.values(), key=lambda p: order.get(p.call_id, len(order))):
-        marker = state.markers.get(pending.call_id)
-        found.append(
-            Question(
-                run_id=state.run_id,
-                call_id=pending.call_id,
-                tool=pending.tool,
-                kind=pending.kind,
-                effect=effects.get(pending.tool),
-                arguments=pending.arguments,
-                key=marker.key if marker else idempotency_key(state.run_id, pending.call_id),
-                asked_at=pending.asked_at,
-                started_at=marker.started_at if marker else None,
-                why=pending.why,
-            )
-        )
-    return found
 
 
 def parse_answer(word: str, *, reason: str | None = None, result: str | None = None) -> Answer:

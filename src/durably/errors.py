@@ -451,8 +451,11 @@ class ApprovalUnavailable(DurablyError):
 
 
 class InvalidValue(DurablyError):
-    """Raised when user code (an approver, a decision, a task) hands durably a value the run
-    state cannot hold; nothing of it is saved, and the message names where it came from."""
+    """Raised when user code hands durably a value the run state cannot hold.
+
+    User code is an approver, a decision or a task; nothing of the value is saved, and the
+    message names where it came from.
+    """
 
     __module__ = "durably"
 

@@ -25,8 +25,8 @@ from datetime import datetime
 
 import msgspec
 
-from .decisions import Question, questions
 from .errors import DurablyError, RunNotFound
+from .keys import idempotency_key
 from .state import RunState, age
 from .stores import Store, _index
 from .stores.directory import DirectoryStore
@@ -35,14 +35,66 @@ from .stores.journal import JournalStore
 
 __all__ = [
     "Listing",
+    "Question",
     "RunSummary",
     "list_directory",
     "list_runs",
     "list_runs_fully",
+    "questions",
     "render",
     "select",
     "summarize",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    """One open question of a paused run."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    kind: str
+    """``approve`` (may the call run?) or ``resolve`` (did this in-doubt call happen?)."""
+    effect: str | None
+    """The tool's effect as recorded when the run started (None for an old run without it)."""
+    arguments: str
+    key: str
+    """The call's idempotency key."""
+    asked_at: datetime
+    started_at: datetime | None
+    """For ``resolve``: when the attempt that may have acted started."""
+    why: str | None
+    """For ``resolve``: why the ladder could not decide by itself."""
+
+    @property
+    def answers(self) -> tuple[str, str]:
+        """The two words that fit this question."""
+        return ("yes", "no") if self.kind == "approve" else ("rerun", "done")
+
+
+def questions(state: RunState) -> list[Question]:
+    """The questions ``state`` waits for, in the order of the reply's calls."""
+    effects = {t.name: str(t.effect) for t in state.fingerprint.tools} if state.fingerprint else {}
+    order = {call.id: n for n, call in enumerate(state.unanswered())}
+    found = []
+    for pending in sorted(state.pending.values(), key=lambda p: order.get(p.call_id, len(order))):
+        marker = state.markers.get(pending.call_id)
+        found.append(
+            Question(
+                run_id=state.run_id,
+                call_id=pending.call_id,
+                tool=pending.tool,
+                kind=pending.kind,
+                effect=effects.get(pending.tool),
+                arguments=pending.arguments,
+                key=marker.key if marker else idempotency_key(state.run_id, pending.call_id),
+                asked_at=pending.asked_at,
+                started_at=marker.started_at if marker else None,
+                why=pending.why,
+            )
+        )
+    return found
 
 
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +158,7 @@ def list_directory(store: FileStore) -> Listing:
     try:
         return _list_directory(reader)
     finally:
-        reader.close()
+        reader.close_sync()
 
 
 def _list_directory(store: JournalStore) -> Listing:
@@ -148,7 +200,7 @@ def _list_directory(store: JournalStore) -> Listing:
 async def list_runs(store: Store) -> Listing:
     """Every run of ``store``: through the listing index for a file store, else loading each."""
     if isinstance(store, DirectoryStore):
-        store = store._journal
+        store = store._journal  # noqa: SLF001 -- its journal store reads both layouts
     if isinstance(store, FileStore):
         import asyncio  # only where a loop runs (start-up stays light)
 

@@ -76,7 +76,7 @@ from .stores import RunHandle, Store
 from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError, ToolResultError
 from .workspace import Workspace, sha256_bytes
 
-__all__ = ["Agent", "ContextPolicy", "Event", "Limits", "Outcome", "shielded"]
+__all__ = ["Agent", "ContextPolicy", "Event", "EventKind", "Limits", "Outcome", "shielded"]
 
 log = logging.getLogger("durably.loop")
 _T = TypeVar("_T")
@@ -187,14 +187,54 @@ class ContextPolicy:
         return True
 
 
+EventKind = Literal[
+    "started",
+    "resumed",
+    "reply",
+    "call",
+    "in-doubt",
+    "result",
+    "approval",
+    "approved",
+    "refused",
+    "unavailable",
+    "ladder",
+    "paused",
+    "done",
+    "text-delta",
+    "arguments-delta",
+]
+"""Every kind of :class:`Event` the loop emits (``Event``'s docstring says what each carries)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """Something the loop did, for live output (the CLI) and tests."""
+    """Something the loop did, for live output (the CLI) and tests.
 
-    kind: str
-    """``started``, ``resumed``, ``reply``, ``call``, ``result``, ``ladder``, ``approval``,
-    ``paused``, ``done``; from a streaming model, before its ``reply``: ``text-delta``
-    (``turn``, ``text``) and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``)."""
+    Kinds, with what ``data`` holds:
+
+    - ``started`` (``task``): a new run was saved (save point 1);
+    - ``resumed`` (``phase``, ``turns``, ``resumes``): this process took a run over;
+    - ``reply`` (``turn``, ``text``, ``calls`` as (call ID, tool) pairs, ``dollars``):
+      a model reply was saved (save point 2);
+    - ``call`` (``call_id``, ``tool``, ``effect``): a tool call starts;
+    - ``in-doubt`` (``call_id``, ``tool``, ``reason``): a tool sent a request and got
+      no answer (``ToolInDoubt``); the ladder settles the call;
+    - ``result`` (``call_id``, ``tool``, ``is_error``, ``content``): a call's result was saved;
+    - ``approval`` (``call_id``, ``tool``): the approver is asked about a call;
+    - ``approved`` / ``refused`` (``call_id``, ``tool``): its answer;
+    - ``unavailable`` (``call_id``, ``tool``, ``reason``): the approver could not be
+      asked; the run pauses with the question saved;
+    - ``ladder`` (``call_id``, ``tool``, ``step``, ``outcome``): an in-doubt call's verdict;
+    - ``paused`` (``pending``: call IDs): the run waits for a person (save point 5);
+    - ``done`` (``answer``, ``turns``, ``dollars``): the answer was saved (save point 5);
+    - from a streaming model, before its ``reply``: ``text-delta`` (``turn``, ``text``)
+      and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``), sent to the
+      observer only, never logged.
+    """
+
+    kind: EventKind
+    """One of :data:`EventKind`."""
     run_id: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -252,7 +292,9 @@ class Agent:
     Args:
         model: writes the replies.
         tools: what the model may call.
-        store: where runs live.
+        store: where runs live; :meth:`run` and :meth:`resume` need one. An agent
+            only ever given its runs' handles (:meth:`start`, :meth:`drive`: a
+            Postgres worker's agents) needs none.
         limits: turn, token, dollar and resume limits over each run's life.
         approver: answers approval and in-doubt questions (default: a
             :class:`ScriptedApprover` that approves everything and cannot resolve).
@@ -269,7 +311,7 @@ class Agent:
         *,
         model: Model,
         tools: Iterable[Tool],
-        store: Store,
+        store: Store | None = None,
         limits: Limits | None = None,
         approver: Approver | None = None,
         system: str = "",
@@ -321,28 +363,32 @@ class Agent:
             InvalidRunId: ``run_id`` is given but not a valid run ID (an empty one too).
             InvalidValue: ``task`` is not text the state can hold.
         """
-        if problem := text_problem(task):
-            raise InvalidValue(
-                source="Agent.run(task)", reason=problem, remedy="pass the task as text"
-            )
+        self._check_task(task, source="Agent.run(task)")
         if run_id is not None:
             # An empty ID is a mistake, not a request for a new one.
             validate_run_id(run_id)
-        state = RunState(
-            run_id=run_id if run_id is not None else new_run_id(name or task),
-            task=task,
-            created_at=self.clock(),
-            messages=[UserMessage(text=task)],
-            fingerprint=self.fingerprint(),
-        )
-        handle = await self.store.create(state)  # save point 1: start
-        faults.point("loop.saved.start")
-        driver = _Driver(self, handle, state)
-        driver.emit("started", task=task)
+        state = self._new_state(task, run_id if run_id is not None else new_run_id(name or task))
+        handle = await self._the_store().create(state)  # save point 1: start
         try:
-            return await driver.drive()
+            return await self._drive_new(handle, state)
         finally:
             await shielded(handle.close())
+
+    async def start(self, handle: RunHandle, task: str) -> Outcome:
+        """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
+
+        For a process that took a new run's ID by its own means (a Postgres worker
+        claiming a submitted run): the first state is saved through ``handle``
+        (save point 1) and the run is driven until it is done or paused. The caller
+        owns ``handle`` and closes it; this agent's store is not used.
+
+        Raises:
+            InvalidValue: ``task`` is not text the state can hold.
+        """
+        self._check_task(task, source="Agent.start(task)")
+        state = self._new_state(task, handle.run_id)
+        await shielded(handle.save(state))  # save point 1: start
+        return await self._drive_new(handle, state)
 
     async def resume(self, run_id: str, *, decisions: Decisions | None = None) -> Outcome:
         """Carry a run on from its last save, in this process.
@@ -353,21 +399,44 @@ class Agent:
                 ID: ``Yes()``/``No(reason)`` for approvals, ``Rerun()``/``Done(result)``
                 for in-doubt calls.
         """
-        handle, state = await self.store.open(run_id)
+        handle, state = await self._the_store().open(run_id)
         try:
-            if self.workspace is not None:
-                # The owner clears what a killed write left before anything reads the files.
-                self.workspace.remove_temp_files()
-            if state.phase is Phase.DONE:
-                return Outcome.from_state(state)  # finished: free, no model or tool call
-            driver = _Driver(self, handle, state)
-            await driver.count_resume()
-            self._check_agent(state)
-            self._check_workspace(state)
-            await driver.apply_decisions(decisions or {})
-            return await driver.drive()
+            return await self.drive(handle, state, decisions=decisions)
         finally:
             await shielded(handle.close())
+
+    async def drive(
+        self, handle: RunHandle, state: RunState, *, decisions: Decisions | None = None
+    ) -> Outcome:
+        """Carry a run on from ``state``, its last save, through ``handle``.
+
+        This is :meth:`resume` after the store's ``open``, for a caller that holds
+        the run's handle itself (a Postgres worker's claim, a store chosen by a
+        command): the restart is counted, the agent and the workspace checked, and
+        the run driven until it is done or paused. The caller owns ``handle`` and
+        closes it; this agent's store is not used.
+
+        Args:
+            handle: owns the run; every save goes through it.
+            state: the run's state as ``handle``'s open loaded it.
+            decisions: answers to questions a paused run is waiting for (see :meth:`resume`).
+
+        Raises:
+            ValueError: ``state`` is not the state of ``handle``'s run.
+        """
+        if state.run_id != handle.run_id:
+            raise ValueError(f"the state of run {state.run_id!r} given with run {handle.run_id!r}")
+        if self.workspace is not None:
+            # The owner clears what a killed write left before anything reads the files.
+            self.workspace.remove_temp_files()
+        if state.phase is Phase.DONE:
+            return Outcome.from_state(state)  # finished: free, no model or tool call
+        driver = _Driver(self, handle, state)
+        await driver.count_resume()
+        self._check_agent(state)
+        self._check_workspace(state)
+        await driver.apply_decisions(decisions or {})
+        return await driver.drive()
 
     def run_sync(self, task: str, *, name: str | None = None, run_id: str | None = None) -> Outcome:
         """Blocking form of :meth:`run` for scripts."""
@@ -380,6 +449,35 @@ class Agent:
         import asyncio
 
         return asyncio.run(self.resume(run_id, decisions=decisions))
+
+    def _the_store(self) -> Store:
+        if self.store is None:
+            raise ValueError(
+                "this agent has no store: build it with store=..., or give it the run's "
+                "handle with Agent.start or Agent.drive"
+            )
+        return self.store
+
+    @staticmethod
+    def _check_task(task: str, *, source: str) -> None:
+        if problem := text_problem(task):
+            raise InvalidValue(source=source, reason=problem, remedy="pass the task as text")
+
+    def _new_state(self, task: str, run_id: str) -> RunState:
+        return RunState(
+            run_id=run_id,
+            task=task,
+            created_at=self.clock(),
+            messages=[UserMessage(text=task)],
+            fingerprint=self.fingerprint(),
+        )
+
+    async def _drive_new(self, handle: RunHandle, state: RunState) -> Outcome:
+        """Drive a run whose first state was just saved (save point 1)."""
+        faults.point("loop.saved.start")
+        driver = _Driver(self, handle, state)
+        driver.emit("started", task=state.task)
+        return await driver.drive()
 
     def _check_agent(self, state: RunState) -> None:
         saved = state.fingerprint
@@ -439,7 +537,7 @@ class _Driver:
         await shielded(self.handle.save(self.state))
         faults.point(f"loop.saved.{label}")
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, kind: EventKind, **data: Any) -> None:
         call_id = data.get("call_id")
         log.info(
             "%s %s",
@@ -944,8 +1042,11 @@ class _Driver:
 
 
 def _approver_name(approver: object) -> str:
-    """How an approver is named where its answers are recorded: its ``name`` attribute
-    when it has a non-empty string one, else its class name (``TerminalApprover``)."""
+    """How an approver is named where its answers are recorded.
+
+    Its ``name`` attribute when it has a non-empty string one, else its class name
+    (``TerminalApprover``).
+    """
     name = getattr(approver, "name", None)
     if isinstance(name, str) and name.strip():
         return name

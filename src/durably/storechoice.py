@@ -36,7 +36,7 @@ class StoreChoice:
         """Where the store is, for messages and page titles."""
         if self.directory is not None:
             return str(self.directory)
-        from .stores.postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore(self.dsn or "").describe("").split(" ", 1)[0]
 
@@ -44,16 +44,14 @@ class StoreChoice:
 @asynccontextmanager
 async def opened_store(choice: StoreChoice) -> AsyncIterator[Store]:
     """The store ``choice`` names, closed on the way out."""
+    store: Store
     if choice.directory is not None:
         from .stores.directory import DirectoryStore
 
-        directory = DirectoryStore(choice.directory)
-        try:
-            yield directory
-        finally:
-            directory.close()
-        return
-    from .stores.postgres import PostgresStore
+        store = DirectoryStore(choice.directory)
+    else:
+        from .postgres.store import PostgresStore
 
-    async with PostgresStore(choice.dsn or "") as postgres:
-        yield postgres
+        store = PostgresStore(choice.dsn or "")
+    async with store:
+        yield store

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
-from samples import state_a, state_b
+# Run as a script: import the shared helpers as the tests do (and as mypy names them).
+sys.path[:0] = [str(Path(__file__).parent.parent)]
 
-from durably import Locked
-from durably.faults import CrashPlan, installed
-from durably.stores.file import FileStore
+from _helpers.samples import state_a, state_b  # noqa: E402
+from durably import Locked  # noqa: E402
+from durably.faults import CrashPlan, installed  # noqa: E402
+from durably.stores.file import FileStore  # noqa: E402
 
 
 def main(command: str, directory: str, run_id: str, label: str = "") -> None:

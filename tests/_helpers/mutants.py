@@ -140,7 +140,7 @@ def _powerloss(mutant: str) -> Callable[[], list[tuple[Any, str, Any]]]:
     def patches() -> list[tuple[Any, str, Any]]:
         from durably.sweep.powerloss import MUTANTS
 
-        return list(MUTANTS[mutant].patches)
+        return list(MUTANTS[mutant].overrides)
 
     return patches
 
@@ -245,7 +245,7 @@ def _workspace_unsynced() -> list[tuple[Any, str, Any]]:
 
 
 def _postgres_save_unfenced() -> list[tuple[Any, str, Any]]:
-    from durably.stores import postgres
+    from durably.postgres import store as postgres
 
     unfenced = postgres._SAVE.replace("AND token = %(token)s ", "")
     if unfenced == postgres._SAVE:

@@ -16,6 +16,7 @@ from durably.state import (
     Fingerprint,
     Phase,
     Resolution,
+    ResolutionOutcome,
     RunState,
     ToolCall,
     ToolPrint,
@@ -72,7 +73,9 @@ def state_b(run_id: str) -> RunState:
                 key="0" * 32, tool="write_file", started_at=CREATED, intended={"notes.md": "a" * 64}
             )
         },
-        resolutions={"call_0": Resolution(step=2, outcome="found", detail="by key")},
+        resolutions={
+            "call_0": Resolution(step=2, outcome=ResolutionOutcome.FOUND, detail="by key")
+        },
         workspace={"notes.md": "b" * 64},
         fingerprint=Fingerprint(
             model="model-x",

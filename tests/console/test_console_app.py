@@ -28,11 +28,13 @@ TOKEN = "t0ken-for-tests"  # noqa: S105 (a test token, not a secret)
 
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
+    """A run directory holding one paused run."""
     paused_run(tmp_path / "runs")
     return tmp_path / "runs"
 
 
 def client_for(runs: Path, **options: object) -> Iterator[TestClient]:
+    """A test client of a console app over ``runs``, built with ``options``."""
     app = create_app(StoreChoice(directory=runs), token=TOKEN, **options)  # type: ignore[arg-type]
     with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
         yield client
@@ -40,6 +42,7 @@ def client_for(runs: Path, **options: object) -> Iterator[TestClient]:
 
 @pytest.fixture
 def client(runs: Path) -> Iterator[TestClient]:
+    """A test client of a console over the paused run."""
     yield from client_for(runs)
 
 

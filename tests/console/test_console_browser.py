@@ -86,6 +86,7 @@ class Console:
         self.base = self.url.split("?", 1)[0].rstrip("/")
 
     def stop(self) -> None:
+        """Stop the console and close its output."""
         self.process.terminate()
         self.process.wait(timeout=10)
         assert self.process.stdout is not None
@@ -94,6 +95,7 @@ class Console:
 
 @pytest.fixture
 def start_console(tmp_path: Path) -> Iterator[type[Console]]:
+    """Start consoles with ``start(cwd, *args)``; every one is stopped after the test."""
     started: list[Console] = []
 
     def start(cwd: Path, *args: str) -> Console:
@@ -115,6 +117,7 @@ def full_page(driver: WebDriver, path: Path) -> None:
 
 
 def wait_for(driver: WebDriver, css: str, text: str, seconds: float = 45) -> None:
+    """Wait until the element at ``css`` shows ``text``."""
     WebDriverWait(driver, seconds, poll_frequency=0.2).until(
         ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text)
     )

@@ -1,18 +1,9 @@
-"""Fixtures of the LangGraph saver's tests: a fork server that runs the agent in real processes."""
+"""Registers this directory's fixtures, defined in ``_lg_fixtures``.
 
-from __future__ import annotations
+A conftest is always a module named ``conftest``, and mypy checks each module name once, so
+the fixtures live in a module of their own name (type-checked) and are only imported here.
+"""
 
-from collections.abc import Iterator
+from _lg_fixtures import lg_server
 
-import pytest
-from _lg_server import Server
-
-
-@pytest.fixture(scope="session")
-def lg_server() -> Iterator[Server]:
-    """One fork server for the session (it imports LangGraph once)."""
-    server = Server()
-    try:
-        yield server
-    finally:
-        server.stop()
+__all__ = ["lg_server"]

@@ -15,14 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _lg_agent import build, question
+from langchain_core.runnables import RunnableConfig
+from typing_extensions import override
 
 from durably import faults
-from durably.langgraph import DurablySaver
+from durably.langgraph import DurablySaver, _thread
 from durably.sweep.powerloss import PowerLossFS
 
 IMAGES_PER_POINT = 24
-THREAD = {"configurable": {"thread_id": "t"}}
+THREAD: RunnableConfig = {"configurable": {"thread_id": "t"}}
 
 
 class Marking(DurablySaver):
@@ -37,6 +40,7 @@ class Marking(DurablySaver):
         self.model.mark(f"{what[0]} {kind}")
         self.events.append((len(self.model.log), kind, what))
 
+    @override
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         with self._lock:
             what = ("put", checkpoint["id"])
@@ -45,6 +49,7 @@ class Marking(DurablySaver):
             self._event("returned", what)
             return out
 
+    @override
     def put_writes(
         self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
@@ -55,6 +60,7 @@ class Marking(DurablySaver):
             super().put_writes(config, writes, task_id, task_path)
             self._event("returned", what)
 
+    @override
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         with self._lock:
             self._event("begins", ("prune",))
@@ -87,15 +93,22 @@ def _expected(events: list[tuple[int, str, tuple[Any, ...]]], point: int) -> tup
 
 def _load(image_root: Path) -> tuple[str | None, set[tuple[str, str]]]:
     with DurablySaver(image_root / "threads") as saver:
-        saver._borrow("t")  # take the thread over as a restarted writer does (cuts a torn tail)
+        saver._borrow("t")  # noqa: SLF001 -- take the thread over as a restarted writer does (cuts a torn tail)
         found = saver.get_tuple(THREAD)
     if found is None:
         return None, set()
     return found.checkpoint["id"], {(t, c) for t, c, _ in found.pending_writes or []}
 
 
-def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(tmp_path: Path) -> None:
-    """After a power cut anywhere in a run or a prune, the last acknowledged checkpoint loads."""
+@pytest.mark.parametrize("dsync", [True, False], ids=["o_dsync", "write_then_datasync"])
+def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsync: bool
+) -> None:
+    """After a power cut anywhere in a run or a prune, the last acknowledged checkpoint loads
+    (with Linux's O_DSYNC append, and with the write + datasync append used elsewhere).
+    """
+    if not dsync:
+        monkeypatch.setattr(_thread, "_DSYNC", 0)
     root = tmp_path / "disk"
     root.mkdir(mode=0o700)
     fs = PowerLossFS(root)

@@ -37,7 +37,7 @@ def _latest(saver: DurablySaver, thread: str) -> Any:
 
 
 def test_an_unknown_prune_strategy_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
-    """prune with a strategy LangGraph does not define raises, naming the ones it does."""
+    """``prune`` with a strategy LangGraph does not define raises, naming the ones it does."""
     with DurablySaver(tmp_path) as saver:
         _put(saver, "t", "1", "a")
         with pytest.raises(ValueError, match="'keep_oldest' is not known; use one of keep_latest"):
@@ -103,8 +103,7 @@ def test_any_thread_id_gets_its_own_files_and_lists_back(tmp_path: Path, thread:
 
 
 def test_an_async_graph_saves_what_a_sync_saver_reads_back(tmp_path: Path) -> None:
-    """ainvoke saves through the async methods; a sync saver on the same files reads the run."""
-
+    """``ainvoke`` saves through the async methods; a sync saver on the same files reads the run."""
     config: Any = {"configurable": {"thread_id": "async"}, "recursion_limit": 100}
 
     async def run() -> Any:

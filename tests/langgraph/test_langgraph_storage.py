@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from _lg_agent import build, question, summary
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from typing_extensions import override
 
 from durably._sysio import FileSystem
 from durably.langgraph import DurablySaver
@@ -23,6 +26,7 @@ class CountingFS(FileSystem):
     def __init__(self) -> None:
         self.written = 0
 
+    @override
     def write(self, fd: int, data: bytes) -> None:
         self.written += len(data)
         super().write(fd, data)
@@ -39,6 +43,7 @@ class Spy(DurablySaver):
         self.whole = 0
         """What storing every changed channel whole would have written (serialized bytes)."""
 
+    @override
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         before = self.counting.written
         out = super().put(config, checkpoint, metadata, new_versions)
@@ -51,6 +56,7 @@ class Spy(DurablySaver):
         )
         return out
 
+    @override
     def put_writes(
         self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
@@ -126,10 +132,10 @@ def test_reads_rebuild_every_checkpoint_of_the_run(tmp_path: Path) -> None:
 def _put(
     saver: DurablySaver, parent: str | None, cid: str, messages: list[str], version: str
 ) -> None:
-    config: dict[str, Any] = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     if parent:
         config["configurable"]["checkpoint_id"] = parent
-    checkpoint = {
+    checkpoint: Checkpoint = {
         "v": 1,
         "id": cid,
         "ts": "2026-01-01T00:00:00+00:00",
@@ -140,7 +146,7 @@ def _put(
     }
     saver.put(
         config, checkpoint, {"source": "loop", "step": 0, "parents": {}}, {"messages": version}
-    )  # type: ignore[arg-type]
+    )
 
 
 def _messages(saver: DurablySaver, cid: str) -> Any:

@@ -208,7 +208,7 @@ class World:
         try:
             return store.list_runs_sync()
         finally:
-            store.close()
+            store.close_sync()
 
     def run_id(self) -> str:
         """The world's one run."""
@@ -221,11 +221,11 @@ class World:
         try:
             return store.read_sync(run_id or self.run_id())
         finally:
-            store.close()
+            store.close_sync()
 
     def close(self) -> None:
         for store in self._stores:
-            store.close()
+            store.close_sync()
 
 
 # -- tools ----------------------------------------------------------------------------
@@ -422,9 +422,9 @@ def in_child(work: Callable[[], Any]) -> Child:
             os._exit(status)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
+        written = pipe.read()
     _, wait_status = os.waitpid(pid, 0)
-    report = json.loads(data) if data else {}
+    report = json.loads(written) if written else {}
     return Child(
         returncode=os.waitstatus_to_exitcode(wait_status),
         value=report.get("value"),

@@ -1,30 +1,9 @@
-"""Fixtures for the loop tests: worlds in temp directories, built fresh for every scenario."""
+"""Registers this directory's fixtures, defined in ``_loop_fixtures``.
 
-from __future__ import annotations
+A conftest is always a module named ``conftest``, and mypy checks each module name once, so
+the fixtures live in a module of their own name (type-checked) and are only imported here.
+"""
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from _loop_fixtures import make_world, world
 
-import pytest
-from _loop_world import World
-
-
-@pytest.fixture
-def make_world(tmp_path: Path) -> Iterator[Callable[[str], World]]:
-    """Builds a fresh world under the test's temp directory; each name gives a new one."""
-    worlds: list[World] = []
-
-    def make(name: str) -> World:
-        world = World.make(tmp_path / name)
-        worlds.append(world)
-        return world
-
-    yield make
-    for world in worlds:
-        world.close()
-
-
-@pytest.fixture
-def world(make_world: Callable[[str], World]) -> World:
-    """One fresh world: state directory, workspace, receiver ledger, logs and a clock."""
-    return make_world("world")
+__all__ = ["make_world", "world"]

@@ -21,6 +21,7 @@ from _loop_world import (
     start,
     tool_results,
 )
+from typing_extensions import override
 
 import durably
 from durably import Phase, faults
@@ -34,11 +35,13 @@ NEEDS_YES = Toolset(write_needs_approval=True)
 class AskedWhileDying(durably.ScriptedApprover):
     """A person who is still reading the question when the process is killed."""
 
+    @override
     async def approve(self, request: ApprovalRequest) -> durably.Yes | durably.No:
         decision = await super().approve(request)
         faults.point("test.approver.asking")
         return decision
 
+    @override
     async def resolve(self, request: ResolveRequest) -> durably.Rerun | durably.Done:
         decision = await super().resolve(request)
         faults.point("test.approver.asking")
@@ -48,10 +51,12 @@ class AskedWhileDying(durably.ScriptedApprover):
 class Deferring(durably.ScriptedApprover):
     """A person who answers later, through ``resume(decisions=...)``; logs what it was asked."""
 
+    @override
     async def approve(self, request: ApprovalRequest) -> durably.Yes | durably.No:
         self._note("approve", request.call_id)
         return durably.DEFER  # type: ignore[return-value]
 
+    @override
     async def resolve(self, request: ResolveRequest) -> durably.Rerun | durably.Done:
         self._note("resolve", request.call_id)
         return durably.DEFER  # type: ignore[return-value]

@@ -20,11 +20,13 @@ from _loop_world import (
     start,
     tool_results,
 )
+from typing_extensions import override
 
 import durably
 from durably import Agent, Effect, Phase, ScriptedModel, ToolContext
 from durably.approval import ApprovalRequest, ResolveRequest
 from durably.faults import CrashPlan
+from durably.state import AssistantMessage
 
 ONE_WRITE = (reply(("w1", "write", '{"note": "refund A1"}')), answer())
 
@@ -32,11 +34,13 @@ ONE_WRITE = (reply(("w1", "write", '{"note": "refund A1"}')), answer())
 class Unreachable(durably.ScriptedApprover):
     """An approver whose person cannot be reached (no terminal, a closed channel)."""
 
+    @override
     async def approve(self, request: ApprovalRequest) -> durably.Yes | durably.No:
         raise durably.ApprovalUnavailable(
             run_id=request.run_id, call_id=request.call_id, reason="no terminal"
         )
 
+    @override
     async def resolve(self, request: ResolveRequest) -> durably.Rerun | durably.Done:
         raise durably.ApprovalUnavailable(
             run_id=request.run_id, call_id=request.call_id, reason="no terminal"
@@ -72,7 +76,9 @@ def test_arguments_a_tool_cannot_take_become_an_error_result_and_it_never_runs(
     assert (call_id, is_error) == ("b1", True)
     assert content.startswith(complaint)
     assert world.receiver().entries() == []
-    assert world.state().messages[1].calls[0].arguments == arguments  # kept raw, as the model wrote
+    reply_saved = world.state().messages[1]
+    assert isinstance(reply_saved, AssistantMessage)
+    assert reply_saved.calls[0].arguments == arguments  # kept raw, as the model wrote
 
 
 def test_an_unknown_tool_gets_an_error_result_listing_the_available_tools(world: World) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from _loop_world import ANSWER, TASK, Job, Toolset, World, answer, reply, resume, start
+from typing_extensions import override
 
 import durably
 from durably import DEFER, Limits, Phase, Price, Reply, Usage
@@ -31,7 +32,8 @@ LONG = (
 
 def test_a_run_killed_after_every_reply_arrives_stops_at_its_dollar_budget(world: World) -> None:
     """A run SIGKILLed after each reply arrives but before it is saved, 20 times in a row, counts
-    every lost reply at its worst case and stops at max_dollars instead of passing it."""
+    every lost reply at its worst case and stops at max_dollars instead of passing it.
+    """
     job = Job(replies=LONG, price=DOLLAR_A_TURN, limits=Limits(max_dollars=15.5, max_resumes=100))
     lost_reply = CrashPlan(label="loop.reply_received")
 
@@ -55,6 +57,7 @@ def test_a_run_killed_after_every_reply_arrives_stops_at_its_dollar_budget(world
 class Defers(durably.ScriptedApprover):
     """A policy that leaves every in-doubt question to a person (like ``--approve off``)."""
 
+    @override
     async def resolve(self, request: ResolveRequest) -> object:  # type: ignore[override]
         self._record("resolve", request.call_id)
         return DEFER
@@ -62,7 +65,8 @@ class Defers(durably.ScriptedApprover):
 
 def test_a_paused_run_opened_20_times_is_not_restarting_and_still_resumes(world: World) -> None:
     """Opening a run whose last save was a pause counts no restart and saves nothing: after 20
-    such opens it still resumes, and a person's answer finishes it."""
+    such opens it still resumes, and a person's answer finishes it.
+    """
     job = Job(
         replies=(reply(("w1", "write", '{"note": "refund A1"}')), answer()),
         toolset=Toolset(write_lookup="unknown"),
@@ -106,7 +110,8 @@ def test_max_resumes_says_how_many_restarts_where_the_run_stood_and_how_to_go_on
 
 class Unscripted:
     """A model adapter with no usage bound of its own: the loop bounds each call from the
-    request's size and ``max_output_tokens``. It bills about a token per four bytes."""
+    request's size and ``max_output_tokens``. It bills about a token per four bytes.
+    """
 
     name = "unscripted"
     max_output_tokens = 400
@@ -116,9 +121,11 @@ class Unscripted:
         self.billed = 0.0
 
     def dollars(self, usage: Usage) -> float:
+        """Dollars for ``usage`` at the model's price."""
         return self.price.dollars(usage)
 
     async def reply(self, request: durably.ModelRequest) -> Reply:
+        """A reply of the full output size, with one call, for any request."""
         size = len(json.dumps([str(m) for m in request.messages])) + len(request.system)
         usage = Usage(input_tokens=size // 4 + 300, output_tokens=self.max_output_tokens)
         self.billed += self.dollars(usage)
@@ -128,7 +135,8 @@ class Unscripted:
 
 def test_a_model_without_a_usage_bound_never_bills_past_the_budget(world: World) -> None:
     """For a model that only declares max_output_tokens, the bound from the request's size still
-    stops the run before a call that could pass max_dollars."""
+    stops the run before a call that could pass max_dollars.
+    """
     model = Unscripted()
     agent = Job(replies=(), limits=Limits(max_dollars=0.5)).agent(world, model=model)
 
@@ -147,7 +155,8 @@ def test_a_triage_run_with_a_budget_just_below_its_cost_never_spends_past_it(
     tmp_path: Path, task: str
 ) -> None:
     """Each triage task, given a budget a hair below what its recording costs, stops with
-    DollarLimit before the last reply, having spent (and been billed) no more than the budget."""
+    DollarLimit before the last reply, having spent (and been billed) no more than the budget.
+    """
     recording = load_recording(recording_path(task))
     price = Price(**{f: getattr(recording.price, f) for f in recording.price.__struct_fields__})
     per_turn = [price.dollars(turn.usage) for turn in recording.turns]
@@ -167,7 +176,7 @@ def test_a_triage_run_with_a_budget_just_below_its_cost_never_spends_past_it(
             asyncio.run(agent.run(world.load_task().description, name=task))
         state = store.read_sync(store.list_runs_sync()[0])
     finally:
-        store.close()
+        store.close_sync()
 
     billed = sum(per_turn[t - 1] for t in durably.CallLog(world.model_log).turns())
     assert state.spent <= budget

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from _loop_world import ANSWER, TASK, Job, World, answer, calls, reply, tool_results
+from typing_extensions import override
 
 import durably
 from durably import Agent, Effect, FileStore, Phase, ScriptedModel, ToolContext
@@ -28,6 +29,7 @@ class GatedFileSystem(FileSystem):
         self.entered = threading.Event()
         self.release = threading.Event()
 
+    @override
     def fsync(self, fd: int) -> None:
         if self.armed:
             self.armed = False
@@ -44,6 +46,7 @@ class ArmingModel(ScriptedModel):
         super().__init__(replies, **kwargs)
         self.gate = gate
 
+    @override
     async def reply(self, request: ModelRequest) -> Reply:
         answer = await super().reply(request)
         self.gate.armed = request.turn == 1
@@ -58,6 +61,7 @@ class StallingModel(ScriptedModel):
         self.stall_turn = stall_turn
         self.asked = asyncio.Event()
 
+    @override
     async def reply(self, request: ModelRequest) -> Reply:
         if request.turn == self.stall_turn:
             self.asked.set()
@@ -74,9 +78,11 @@ class WatchedHandle:
 
     @property
     def run_id(self) -> str:
+        """The watched run's ID."""
         return self.inner.run_id
 
     async def save(self, state: durably.RunState) -> None:
+        """Save through the inner handle, noting whether the save finished or was abandoned."""
         try:
             await self.inner.save(state)
         except asyncio.CancelledError:
@@ -85,6 +91,7 @@ class WatchedHandle:
         self.outcomes.append("saved")
 
     async def close(self) -> None:
+        """Close the inner handle."""
         await self.inner.close()
 
     async def __aenter__(self) -> WatchedHandle:
@@ -102,20 +109,35 @@ class WatchedStore:
         self.outcomes: list[str] = []
 
     async def create(self, state: durably.RunState) -> WatchedHandle:
+        """Create the run in the inner store, watched."""
         return WatchedHandle(await self.inner.create(state), self.outcomes)
 
     async def open(self, run_id: str) -> tuple[WatchedHandle, durably.RunState]:
+        """Open the run in the inner store, watched."""
         handle, state = await self.inner.open(run_id)
         return WatchedHandle(handle, self.outcomes), state
 
     async def read(self, run_id: str) -> durably.RunState:
+        """Read the run from the inner store."""
         return await self.inner.read(run_id)
 
     async def list_runs(self) -> list[str]:
+        """The inner store's runs."""
         return await self.inner.list_runs()
 
     def describe(self, run_id: str) -> str:
+        """The inner store's description of the run."""
         return self.inner.describe(run_id)
+
+    async def close(self) -> None:
+        """Close the inner store."""
+        await self.inner.close()
+
+    async def __aenter__(self) -> WatchedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
 def refund_tool(world: World, *, stall: asyncio.Event | None) -> durably.Tool:
@@ -210,7 +232,7 @@ def test_a_cancel_during_a_save_lets_that_save_finish(world: World) -> None:
     try:
         asyncio.run(scenario())
     finally:
-        files.close()
+        files.close_sync()
 
     # The model-call marker, then the reply's save, held at its fsync and not abandoned.
     assert store.outcomes == ["saved", "saved"]

@@ -20,6 +20,7 @@ LONG = (
 
 
 def dies_after_each_reply() -> CrashPlan:
+    """A crash plan that SIGKILLs the process right after each reply is saved."""
     return CrashPlan(label="loop.saved.reply")
 
 
@@ -40,7 +41,8 @@ def test_a_run_killed_after_every_reply_still_stops_at_its_turn_limit(world: Wor
 
 def test_a_run_killed_after_every_reply_still_stops_at_its_dollar_limit(world: World) -> None:
     """Dollars come from the state, so a run SIGKILLed after every reply stops at max_dollars,
-    refusing the call that could pass it."""
+    refusing the call that could pass it.
+    """
     dollar_a_turn = Price(input=10_000.0, output=0.0)  # 100 input tokens a turn: $1.00
     job = Job(replies=LONG, limits=Limits(max_dollars=2.5), price=dollar_a_turn)
 
@@ -137,7 +139,8 @@ def test_a_limit_no_run_could_keep_is_refused_when_it_is_made(
     limits: dict[str, float], named: str
 ) -> None:
     """A limit of 0 turns, a negative budget, or a NaN one (which no spend would ever
-    reach) is a mistake: it is refused with the field's name before any run starts."""
+    reach) is a mistake: it is refused with the field's name before any run starts.
+    """
     with pytest.raises(ValueError, match=f"Limits.{named}"):
         Limits(**limits)  # type: ignore[arg-type]
 

@@ -19,7 +19,8 @@ STORE_SAVE = [
 
 def test_the_loop_saves_start_reply_pause_attempt_result_then_the_answer(world: World) -> None:
     """A run with one approved write saves start, reply, pause, attempt, result, then the answer,
-    and a model-call marker before each reply."""
+    and a model-call marker before each reply.
+    """
     job = Job(
         replies=(reply(("w1", "write", '{"note": "refund A1"}')), answer()),
         toolset=Toolset(write_needs_approval=True),

@@ -55,6 +55,7 @@ class Timeline:
     labels: list[str]
 
     def at(self, label: str) -> list[int]:
+        """The points (numbered from 1) where ``label`` was passed."""
         return [i for i, seen in enumerate(self.labels, start=1) if seen == label]
 
     def landed(self, saved: int) -> int:
@@ -121,12 +122,12 @@ def expect(timeline: Timeline, crash: int) -> Expected:
             approvals[call.id] = 2 if asked_unsaved else 1
     restarted = crash < timeline.landed(timeline.at("loop.saved.start")[0])
     finished = crash >= timeline.landed(saved[-1])
-    kept = [
+    labels_kept = [
         label
         for i, label in enumerate(timeline.labels, 1)
         if label.startswith("loop.saved.") and crash >= timeline.landed(i)
     ]
-    paused = bool(kept) and kept[-1] == "loop.saved.pause"
+    paused = bool(labels_kept) and labels_kept[-1] == "loop.saved.pause"
     return Expected(restarted, finished, turns, runs, resolutions, approvals, paused)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _loop_world import ANSWER, TASK, World, answer, reply
+from typing_extensions import override
 
 import durably
 from durably import (
@@ -50,7 +51,7 @@ def reload(world: World, run_id: str) -> durably.RunState:
     try:
         assert journal.read_sync(run_id) == state
     finally:
-        journal.close()
+        journal.close_sync()
     return state
 
 
@@ -81,7 +82,8 @@ def test_a_lookup_answering_found_with_an_int_is_an_error_at_the_lookup_not_a_co
     world: World,
 ) -> None:
     """The README's lookup returning ``Found(found.id)`` with an int ID fails at the lookup,
-    naming Found.result; the run pauses for a person, and its checkpoint loads."""
+    naming Found.result; the run pauses for a person, and its checkpoint loads.
+    """
 
     async def find_refund(ctx: ToolContext, order_id: str, cents: int) -> durably.Lookup:
         return durably.Found(1042)  # type: ignore[arg-type]  # what an int ID gives
@@ -136,7 +138,8 @@ def test_a_tool_result_that_cannot_be_saved_is_an_error_result_naming_tool_and_c
     world: World, value: object, complaint: str
 ) -> None:
     """A tool returning what the state cannot hold gives the model an error result naming
-    the tool and the call; the run goes on and every checkpoint loads."""
+    the tool and the call; the run goes on and every checkpoint loads.
+    """
 
     @durably.tool(effect=Effect.READ)
     async def lookup_order(ctx: ToolContext, order_id: str) -> object:
@@ -190,7 +193,8 @@ def test_an_intends_hook_that_fails_is_an_error_result_and_the_run_goes_on(
     world: World, intends_does: str
 ) -> None:
     """``intends`` raising or returning nonsense gives the call an error result (no marker, the
-    tool never runs) instead of escaping ``run()`` and killing every resume."""
+    tool never runs) instead of escaping ``run()`` and killing every resume.
+    """
     ran: list[str] = []
 
     async def planned(ctx: ToolContext, path: str, text: str) -> Mapping[str, Any]:
@@ -199,7 +203,7 @@ def test_an_intends_hook_that_fails_is_an_error_result_and_the_run_goes_on(
         if intends_does == "returns-a-list":
             return [path]  # type: ignore[return-value]
         if intends_does == "returns-an-int-path":
-            return {7: text}
+            return {7: text}  # type: ignore[dict-item]  # the nonsense under test
         return {path: 7}
 
     @durably.tool(effect=Effect.IDEMPOTENT, intends=planned)
@@ -229,7 +233,8 @@ def test_an_intends_hook_that_fails_is_an_error_result_and_the_run_goes_on(
 
 def test_a_tool_error_whose_message_cannot_be_stored_is_escaped(world: World) -> None:
     """An exception message holding a lone surrogate, or one that cannot even be shown,
-    still becomes a storable error result."""
+    still becomes a storable error result.
+    """
 
     class Unshowable(Exception):
         def __str__(self) -> str:
@@ -284,6 +289,7 @@ def test_a_tool_in_doubt_whose_message_cannot_be_shown_is_still_settled(world: W
 class SaysYesInWords(ScriptedApprover):
     """An approver that answers with a string instead of ``Yes()``."""
 
+    @override
     async def approve(self, request: ApprovalRequest) -> Any:
         return "yes"
 
@@ -292,7 +298,8 @@ def test_an_approver_answering_the_wrong_type_is_refused_and_the_run_stays_pause
     world: World,
 ) -> None:
     """An approval answer that is not Yes/No raises InvalidValue naming the approver, call and
-    tool; the question stays saved, and a working approver carries the run on."""
+    tool; the question stays saved, and a working approver carries the run on.
+    """
 
     @durably.tool(effect=Effect.WRITE, needs_approval=True)
     async def file_issue(ctx: ToolContext, title: str) -> str:
@@ -362,6 +369,7 @@ class OddModel(ScriptedModel):
         super().__init__([answer(), answer()], **kwargs)
         self.first = first
 
+    @override
     async def reply(self, request: durably.ModelRequest) -> Any:
         await super().reply(request)
         return self.first if request.turn == 1 else answer()
@@ -392,7 +400,8 @@ def test_a_model_reply_that_cannot_be_saved_is_a_model_error_before_anything_of_
     world: World, first: Any, complaint: str
 ) -> None:
     """A reply of the wrong shape is ModelError naming the model and the turn; the reply is not
-    saved, and a resume asks again and counts the lost call at its worst case."""
+    saved, and a resume asks again and counts the lost call at its worst case.
+    """
     agent = Agent(
         model=OddModel(first, name="adapter"), tools=[], store=world.store(), clock=world.now
     )
@@ -414,6 +423,9 @@ def test_a_model_reply_that_cannot_be_saved_is_a_model_error_before_anything_of_
 
 
 class PricedBadly(ScriptedModel):
+    """A scripted model whose price is not a number."""
+
+    @override
     def dollars(self, usage: Usage) -> float:
         return float("nan")
 
@@ -441,7 +453,7 @@ def test_an_empty_run_id_is_refused_not_replaced_by_a_new_one(tmp_path: Path) ->
             asyncio.run(agent.run(TASK, run_id=""))
         assert store.list_runs_sync() == []
     finally:
-        store.close()
+        store.close_sync()
 
 
 def test_a_task_the_state_cannot_hold_is_refused_before_a_run_exists(tmp_path: Path) -> None:
@@ -453,7 +465,7 @@ def test_a_task_the_state_cannot_hold_is_refused_before_a_run_exists(tmp_path: P
             asyncio.run(agent.run("refund \udc80"))
         assert store.list_runs_sync() == []
     finally:
-        store.close()
+        store.close_sync()
 
 
 def test_an_observer_that_raises_does_not_stop_the_run(world: World) -> None:

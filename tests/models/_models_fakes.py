@@ -159,7 +159,8 @@ def _unit(value: Any) -> bytes:
 
 def anthropic_units(body: dict[str, Any]) -> tuple[list[bytes], list[bool]]:
     """The prompt's blocks in the order Anthropic caches them (tools, system, messages),
-    and which carry a cache breakpoint."""
+    and which carry a cache breakpoint.
+    """
     units: list[bytes] = []
     marks: list[bool] = []
     system = body.get("system")

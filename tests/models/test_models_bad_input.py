@@ -38,7 +38,7 @@ def run_two_turns(
         with serving(fake):
             outcome = asyncio.run(go())
     finally:
-        store.close()
+        store.close_sync()
     return outcome, fake
 
 

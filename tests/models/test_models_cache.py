@@ -67,7 +67,7 @@ def run_m1(tmp_path: Path, provider: str, *, cache: bool) -> Priced:
             run_id = store.list_runs_sync()[0]
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     usage = [m.usage for m in state.messages if isinstance(m, AssistantMessage)]
     return Priced(dollars=state.dollars, usage=usage, uses=fake.cache.uses if fake.cache else [])
 
@@ -155,7 +155,7 @@ def test_a_resumed_run_reads_what_the_dead_process_cached(
             with pytest.raises(TurnLimit):
                 asyncio.run(resume())
         finally:
-            store.close()
+            store.close_sync()
 
     resumed = fake.cache.uses[5:]
     expected = [5, 6] if asked_again else [6]

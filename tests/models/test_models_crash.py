@@ -91,7 +91,7 @@ def test_a_reply_is_asked_again_only_if_it_was_not_saved(
                 asyncio.run(resume(agent, model, run_id))
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
 
     assert fake.turns() == ([1, 2, 2, 3] if asked_again else [1, 2, 3])
     if asked_again:

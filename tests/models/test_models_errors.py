@@ -70,7 +70,14 @@ class Sleeps:
     @property
     def waits(self) -> list[float]:
         """Each chosen wait, in order."""
-        return [r.args[-1] for r in self.caplog.records if r.name == "durably.models"]  # type: ignore[index]
+        waits: list[float] = []
+        for record in self.caplog.records:
+            if record.name == "durably.models":
+                assert isinstance(record.args, tuple)
+                wait = record.args[-1]
+                assert isinstance(wait, float)
+                waits.append(wait)
+        return waits
 
 
 @pytest.fixture(autouse=True)
@@ -271,7 +278,7 @@ def test_a_model_error_leaves_the_saved_state_as_it_was(tmp_path: Path) -> None:
             await close(second)
         finally:
             await close(first)
-            store.close()
+            store.close_sync()
 
     with serving(fake):
         asyncio.run(run_then_resume())
@@ -381,7 +388,8 @@ def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Context overflow, overload, refusal or a cut-off call: a ModelError saying what to do,
-    four saved turns, no issue filed; a context overflow resumed with a policy finishes."""
+    four saved turns, no issue filed; a context overflow resumed with a policy finishes.
+    """
     world = World.create(tmp_path / "world", M1)
     store_dir = tmp_path / "runs"
     run_id = new_run_id(M1)
@@ -413,7 +421,7 @@ def test_a_provider_error_at_turn_5_is_named_and_leaves_the_run_saved(
                 asyncio.run(run())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     message = str(raised.value)
     print(f"\n{provider} {kind}: {message}")
     for words in EXPECTED[kind]:
@@ -452,7 +460,7 @@ def resume_with_a_context_policy(tmp_path: Path, provider: str, world: World, ru
             asyncio.run(resume())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     assert state.phase is Phase.DONE
     assert state.summary is not None
     sent = fake.seen[0].body["messages"]

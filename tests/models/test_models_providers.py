@@ -59,7 +59,7 @@ def run_m1(tmp_path: Path, provider: str) -> Finished:
         try:
             outcome = asyncio.run(go())
         finally:
-            store.close()
+            store.close_sync()
     return Finished(outcome=outcome, world=world, store_dir=store_dir, fake=fake)
 
 

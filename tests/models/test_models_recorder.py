@@ -64,7 +64,7 @@ def run_m1(root: Path, model: Model) -> RunState:
             asyncio.run(go())
         return store.read_sync(run_id)
     finally:
-        store.close()
+        store.close_sync()
 
 
 def replies(state: RunState) -> list[tuple[str | None, tuple[ToolCall, ...], Usage, float]]:

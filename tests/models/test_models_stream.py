@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _models_fakes import M1, close, m1_fake, provider_model, serving
@@ -25,7 +26,7 @@ from durably import (
     TurnLimit,
     new_run_id,
 )
-from durably.loop import Event
+from durably.loop import Event, EventKind
 from durably.state import AssistantMessage, Phase, UserMessage
 from durably.triage.agent import build_agent
 from durably.triage.cli import _Live
@@ -68,7 +69,7 @@ def test_a_streamed_run_shows_each_reply_in_pieces_before_it_is_saved(
             asyncio.run(go())
             state = store.read_sync(store.list_runs_sync()[0])
         finally:
-            store.close()
+            store.close_sync()
 
     print(f"\n{provider}: the first events of a streamed m1 run")
     for event in events[:14]:
@@ -150,7 +151,7 @@ def test_a_process_killed_mid_stream_asks_again_exactly_once(tmp_path: Path, pro
                 asyncio.run(resume())
             state = store.read_sync(run_id)
         finally:
-            store.close()
+            store.close_sync()
     assert fake.turns() == [1, 2, 2, 3]
     assert fake.seen[2].body == fake.seen[1].body  # the same question, byte for byte
     assert [m.turn for m in state.messages if isinstance(m, AssistantMessage)] == [1, 2, 3]
@@ -191,7 +192,7 @@ def test_the_live_display_shows_streamed_text_on_its_own_line() -> None:
     """The CLI prints text pieces as they come and ends their line before the turn's summary."""
     out = io.StringIO()
     live = _Live(Console(file=out, width=100))
-    for kind, data in [
+    events: list[tuple[EventKind, dict[str, Any]]] = [
         ("text-delta", {"turn": 1, "text": "I'll start "}),
         ("text-delta", {"turn": 1, "text": "by listing."}),
         ("arguments-delta", {"turn": 1, "call_id": "c1", "tool": "list_reports", "text": "{}"}),
@@ -199,7 +200,8 @@ def test_the_live_display_shows_streamed_text_on_its_own_line() -> None:
             "reply",
             {"turn": 1, "text": "I'll start by listing.", "calls": [("c1", "x")], "dollars": 0},
         ),
-    ]:
+    ]
+    for kind, data in events:
         live(Event(kind=kind, run_id="r", data=data))
     assert out.getvalue().splitlines() == [
         "I'll start by listing.",

@@ -28,8 +28,7 @@ from _pg_jobs import make_agent, make_registry  # noqa: E402
 
 import durably  # noqa: E402
 from _helpers.samples import state_b  # noqa: E402
-from durably.stores.postgres import PostgresStore  # noqa: E402
-from durably.worker import work  # noqa: E402
+from durably.postgres import PostgresStore, work  # noqa: E402
 
 
 def say(message: object) -> None:

@@ -1,4 +1,4 @@
-"""Registers the ledger job with ``durably.worker.register``, for ``durably worker --import``.
+"""Registers the ledger job with ``durably.postgres.register``, for ``durably worker --import``.
 
 The job's world is the directory in ``$DURABLY_TEST_ROOT``.
 """
@@ -10,7 +10,9 @@ from pathlib import Path
 
 from _pg_jobs import JOB, make_agent
 
-import durably.worker
+import durably.postgres
 
 _root = Path(os.environ["DURABLY_TEST_ROOT"])
-durably.worker.register(JOB, lambda run_id: make_agent(_root, dwell=0.05), task="settle the ledger")
+durably.postgres.register(
+    JOB, lambda run_id: make_agent(_root, dwell=0.05), task="settle the ledger"
+)

@@ -74,7 +74,7 @@ class Cluster:
 
     @classmethod
     def start(cls, *, settings: dict[str, str] | None = None) -> Cluster:
-        """initdb into a temp directory and start the server; return once it accepts connections."""
+        """Run ``initdb`` in a temp directory and start the server; wait until it accepts."""
         root = Path(tempfile.mkdtemp(prefix="durably-pg-"))
         if os.geteuid() == 0:
             user = pwd.getpwnam(UNPRIVILEGED)

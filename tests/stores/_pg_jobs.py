@@ -33,9 +33,8 @@ from durably import (
     ToolContext,
     Usage,
 )
+from durably.postgres import Registry, current_lease
 from durably.stores import Store
-from durably.stores.postgres import current_lease
-from durably.worker import WORKER_STORE, Registry
 
 ANSWER = "ledger settled"
 JOB = "ledger"
@@ -183,8 +182,8 @@ def script() -> list[Reply]:
 CALLS = ("c1", "n1", "c2", "n2")
 
 
-def make_agent(root: Path, store: Store = WORKER_STORE, *, dwell: float = 0.0) -> Agent:
-    """The job's agent over the world in ``root``."""
+def make_agent(root: Path, store: Store | None = None, *, dwell: float = 0.0) -> Agent:
+    """The job's agent over the world in ``root`` (with no store, for a worker to drive)."""
     return Agent(
         model=ScriptedModel(script(), log=root / "model-calls.jsonl"),
         tools=make_tools(root, dwell=dwell),

@@ -1,5 +1,6 @@
 """Store backends as the conformance suite sees them: a way to make the store, and to
-reach under it (plant raw bytes as a run's stored state, read them back)."""
+reach under it (plant raw bytes as a run's stored state, read them back).
+"""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def file_backend(directory: Path, store_class: type[FileStore] = FileStore) -> B
         try:
             yield store
         finally:
-            store.close()
+            await store.close()
 
     def plant(run_id: str, data: bytes) -> None:
         (directory / f"{run_id}.json").write_bytes(data)

@@ -1,59 +1,9 @@
-"""Fixtures of the store tests: a throwaway PostgreSQL cluster, a fresh schema per test,
-and ``any_store``, which runs a test once per store backend."""
+"""Registers this directory's fixtures, defined in ``_store_fixtures``.
 
-from __future__ import annotations
+A conftest is always a module named ``conftest``, and mypy checks each module name once, so
+the fixtures live in a module of their own name (type-checked) and are only imported here.
+"""
 
-import secrets
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from _store_fixtures import any_store, pg_cluster, pg_dsn, tests_dir
 
-import psycopg
-import pytest
-from _pg_cluster import Cluster
-from _store_backends import Backend, file_backend, postgres_backend
-
-from durably.stores.journal import JournalStore
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[Cluster]:
-    """A PostgreSQL cluster for the whole session, started with initdb/pg_ctl, removed after."""
-    cluster = Cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def pg_dsn(pg_cluster: Cluster) -> str:
-    """A DSN whose tables land in a schema of their own: each test sees an empty database."""
-    schema = f"t_{secrets.token_hex(6)}"
-    pg_cluster.wait_ready()
-    with psycopg.connect(pg_cluster.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return f"{pg_cluster.dsn} options='-c search_path={schema}'"
-
-
-STORES: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
-    "file": lambda request: file_backend(request.getfixturevalue("tmp_path") / "runs"),
-    "journal": lambda request: file_backend(
-        request.getfixturevalue("tmp_path") / "runs", JournalStore
-    ),
-    "postgres": lambda request: postgres_backend(request.getfixturevalue("pg_dsn")),
-}
-"""Every store backend the conformance suite runs against; a new backend is one line."""
-
-_MARKS = {"postgres": [pytest.mark.postgres]}
-
-
-@pytest.fixture(params=[pytest.param(name, marks=_MARKS.get(name, [])) for name in STORES])
-def any_store(request: pytest.FixtureRequest) -> Backend:
-    """One store backend, fresh and empty, with hooks to plant and read its raw bytes."""
-    return STORES[request.param](request)
-
-
-@pytest.fixture
-def tests_dir() -> Path:
-    """The directory of these tests (children run scripts from here)."""
-    return Path(__file__).parent
+__all__ = ["any_store", "pg_cluster", "pg_dsn", "tests_dir"]

@@ -20,7 +20,8 @@ def test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database(
     pg_dsn: str,
 ) -> None:
     """A handle that still believes its lease is live, after the database gave the run to
-    another owner, has its save refused by the database itself: LeaseLost, nothing written."""
+    another owner, has its save refused by the database itself: LeaseLost, nothing written.
+    """
 
     async def scenario() -> None:
         lease = timedelta(seconds=60)
@@ -29,7 +30,7 @@ def test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database(
             PostgresStore(pg_dsn, lease=lease) as theirs,
         ):
             stale = await mine.create(state_a("r1"))
-            stale._renewal.cancel()  # a stall: this handle renews nothing from here on
+            stale._renewal.cancel()  # noqa: SLF001 -- a stall (issue 17: handle refactor): no renewals from here on
             # The database's lease runs out (the stall outlasted it) and another owner
             # takes the run over, while this handle's own deadline is still a minute away.
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
@@ -39,7 +40,7 @@ def test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database(
                 )
             fresh, _ = await theirs.open("r1")
             await fresh.save(state_b("r1"))
-            assert stale._deadline > time.monotonic() + 30  # the local check would pass
+            assert stale._deadline > time.monotonic() + 30  # noqa: SLF001 -- the local deadline (issue 17: handle refactor) still passes
             assert stale.lost is None
 
             with pytest.raises(durably.LeaseLost) as caught:

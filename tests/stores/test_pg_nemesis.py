@@ -26,8 +26,7 @@ from _pg_cluster import Cluster
 from _pg_jobs import CALLS, JOB, Ledger
 from _pg_procs import Child
 
-from durably.stores.postgres import PostgresStore
-from durably.worker import submit
+from durably.postgres import PostgresStore, submit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -68,6 +67,7 @@ CREATE TRIGGER nemesis_audit BEFORE UPDATE ON durably_runs
 
 
 def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
+    """Run ``query`` on its own connection; the rows, if it returns any."""
     with psycopg.connect(dsn, autocommit=True, application_name="nemesis") as conn:
         cursor = conn.execute(query.encode(), params or None)
         return cursor.fetchall() if cursor.description else []
@@ -77,7 +77,8 @@ def test_every_run_finishes_once_whatever_the_nemesis_does(
     pg_cluster: Cluster, pg_dsn: str, tmp_path: Path
 ) -> None:
     """Under kills, stops past the lease, dropped connections and a database restart, every run
-    finishes, every effect lands once, and no stale save is ever accepted."""
+    finishes, every effect lands once, and no stale save is ever accepted.
+    """
     seed = int(os.environ.get("NEMESIS_SEED", random.randrange(10**6)))
     rng = random.Random(seed)
 
@@ -113,7 +114,7 @@ def test_every_run_finishes_once_whatever_the_nemesis_does(
     retired: list[Child] = []
     stopped: dict[int, float] = {}  # pid -> when to SIGCONT
     done_by_nemesis: Counter[str] = Counter()
-    restart_at = rng.uniform(CHAOS * 0.3, CHAOS * 0.7)
+    restart_at: float | None = rng.uniform(CHAOS * 0.3, CHAOS * 0.7)
     try:
         start = time.monotonic()
         while (now := time.monotonic() - start) < CHAOS:

@@ -17,10 +17,9 @@ from durably.cli import main
 from durably.console.server import create_app
 from durably.decisions import AskLater
 from durably.errors import RunNotFound
+from durably.postgres import PostgresStore, Registry, submit, work
 from durably.state import Phase
 from durably.storechoice import StoreChoice
-from durably.stores.postgres import PostgresStore
-from durably.worker import WORKER_STORE, Registry, submit, work
 
 pytestmark = pytest.mark.postgres
 
@@ -73,14 +72,14 @@ def test_an_answer_on_postgres_hands_the_run_back_to_the_workers(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """pending --dsn lists the worker's paused run; answer --dsn makes a worker finish it once."""
+    """``pending --dsn`` lists the worker's paused run; ``answer --dsn`` has a worker finish it."""
     monkeypatch.chdir(tmp_path)  # the example's payment ledger lands here
     monkeypatch.syspath_prepend(str(EXAMPLES))
     monkeypatch.delenv("DURABLY_DSN", raising=False)
     import refund_agent
 
     registry = Registry()
-    make: Callable[[str], object] = lambda run_id: refund_agent.agent(store=WORKER_STORE)  # noqa: E731
+    make: Callable[[str], object] = lambda run_id: refund_agent.agent()  # noqa: E731
     registry.register("refund", make)  # type: ignore[arg-type]
 
     async def queue() -> str:

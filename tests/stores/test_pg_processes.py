@@ -24,12 +24,15 @@ LEASE = 1.5
 
 
 def store(dsn: str, lease: float = LEASE) -> PostgresStore:
+    """A Postgres store on ``dsn`` with a short lease, renewed four times per lease."""
     return PostgresStore(
         dsn, lease=timedelta(seconds=lease), renew_every=timedelta(seconds=lease / 4)
     )
 
 
 def create(dsn: str, state: RunState) -> None:
+    """Create the run of ``state`` and close it at once."""
+
     async def main() -> None:
         async with store(dsn) as s:
             await (await s.create(state)).close()
@@ -38,6 +41,8 @@ def create(dsn: str, state: RunState) -> None:
 
 
 def read(dsn: str, run_id: str) -> RunState:
+    """Read a run's state without taking its lease."""
+
     async def main() -> RunState:
         async with store(dsn) as s:
             return await s.read(run_id)
@@ -47,7 +52,8 @@ def read(dsn: str, run_id: str) -> RunState:
 
 def take_over(stalled: Child, dsn: str, tmp_path: Path) -> durably.Outcome:
     """Once the stopped ``stalled`` agent's 1 s lease has run out, resume run r1 here to its
-    end; then let ``stalled`` go on, and require that it stops on LeaseLost."""
+    end; then let ``stalled`` go on, and require that it stops on LeaseLost.
+    """
     time.sleep(1.5)
 
     async def resume() -> durably.Outcome:
@@ -64,7 +70,8 @@ def test_a_second_process_is_locked_out_until_the_crashed_owners_lease_expires(
     pg_dsn: str,
 ) -> None:
     """While one process holds a run another gets Locked; after a SIGKILL it gets the run once
-    the lease expires, with the next fencing token."""
+    the lease expires, with the next fencing token.
+    """
     create(pg_dsn, state_a("r1"))
     holder = Child("hold", pg_dsn, str(LEASE), "r1")
     try:
@@ -93,7 +100,8 @@ def test_a_second_process_is_locked_out_until_the_crashed_owners_lease_expires(
 
 def test_a_stalled_owner_is_fenced_off_and_writes_nothing(pg_dsn: str) -> None:
     """A process stopped past its lease loses the run to another; its next save is LeaseLost and
-    the new owner's state stays."""
+    the new owner's state stays.
+    """
     create(pg_dsn, state_a("r1"))
     stalled = Child("hold", pg_dsn, "1.0", "r1")
     try:
@@ -126,7 +134,8 @@ def test_a_call_in_flight_in_a_fenced_process_is_resolved_by_the_new_owner(
 ) -> None:
     """A write in flight when its process stalled is an in-doubt call for the next owner, whose
     ladder finds it by lookup; the stalled process then stops on LeaseLost, and the write
-    happened once."""
+    happened once.
+    """
     (tmp_path / "pause").write_text("note")
     stalled = Child("agent", pg_dsn, "1.0", "r1", str(tmp_path))
     try:
@@ -154,7 +163,8 @@ def test_a_stale_write_is_refused_by_a_receiver_that_checks_the_fencing_token(
 ) -> None:
     """A process stalled after its attempt save but before its write loses the run; the new
     owner's lookup finds nothing and writes; the stalled write, carrying the old token,
-    is refused by the receiver, and the stalled process stops on LeaseLost."""
+    is refused by the receiver, and the stalled process stops on LeaseLost.
+    """
     (tmp_path / "pause").write_text("note:before")
     stalled = Child("agent", pg_dsn, "1.0", "r1", str(tmp_path))
     try:
@@ -174,6 +184,7 @@ def test_a_stale_write_is_refused_by_a_receiver_that_checks_the_fencing_token(
 
 
 def wait_for(path: Path, timeout: float = 30) -> None:
+    """Wait until a child writes the file at ``path``."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert time.monotonic() < deadline, f"{path.name} never appeared"

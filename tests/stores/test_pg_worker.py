@@ -20,9 +20,10 @@ from _pg_procs import Child
 
 import durably
 from _helpers.samples import state_a
+from durably.postgres import PostgresRun, PostgresStore, Registry, WorkReport, submit, work
+from durably.postgres import queue as postgres_queue
+from durably.postgres import worker as worker_module
 from durably.state import Phase
-from durably.stores.postgres import PostgresRun, PostgresStore
-from durably.worker import Registry, WorkReport, submit, work
 
 pytestmark = pytest.mark.postgres
 
@@ -30,6 +31,7 @@ TESTS = Path(__file__).parent
 
 
 def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
+    """Run ``query`` on its own connection; the rows, if it returns any."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cursor = conn.execute(query.encode(), params or None)
         return cursor.fetchall() if cursor.description else []
@@ -47,6 +49,7 @@ def in_doubt(dsn: str, call_id: str) -> int:
 
 
 def phases(dsn: str) -> dict[str, str]:
+    """Each run's phase, by run ID."""
     return dict(sql(dsn, "SELECT run_id, phase FROM durably_runs"))
 
 
@@ -73,6 +76,8 @@ async def work_until(
 
 
 def all_done(dsn: str) -> Callable[[], Awaitable[bool]]:
+    """A check for ``work_until``: every run in the database is done."""
+
     async def check() -> bool:
         return all(p == "done" for p in (await asyncio.to_thread(phases, dsn)).values())
 
@@ -80,6 +85,7 @@ def all_done(dsn: str) -> Callable[[], Awaitable[bool]]:
 
 
 def assert_each_call_acted_once(root: Path, run_ids: list[str]) -> None:
+    """The ledger holds each run's calls exactly once."""
     effects = sorted((e["run_id"], e["call_id"]) for e in Ledger(root).effects())
     assert effects == sorted((r, c) for r in run_ids for c in CALLS)
 
@@ -106,7 +112,8 @@ def test_a_worker_starts_and_finishes_every_submitted_run(pg_dsn: str, tmp_path:
 
 def test_a_run_whose_worker_died_is_finished_by_another(pg_dsn: str, tmp_path: Path) -> None:
     """A worker killed with a call in flight leaves an in-doubt call; once its lease expires a
-    second worker claims the run, settles the call by lookup and finishes the run."""
+    second worker claims the run, settles the call by lookup and finishes the run.
+    """
     (tmp_path / "pause").write_text("note")
 
     async def enqueue() -> None:
@@ -145,13 +152,13 @@ def test_runs_that_cannot_go_on_are_parked_not_retried(
     Parking is made slow here: a worker that freed the lease before the run was parked
     would claim it again in that gap (this once failed CI, 1 time in many).
     """
-    park = PostgresRun.park
+    park = postgres_queue.park  # what the worker calls, until replaced below
 
-    async def slow_park(self: PostgresRun, reason: str) -> bool:
+    async def slow_park(handle: PostgresRun, reason: str) -> bool:
         await asyncio.sleep(0.3)
-        return await park(self, reason)
+        return await park(handle, reason)
 
-    monkeypatch.setattr(PostgresRun, "park", slow_park)
+    monkeypatch.setattr(worker_module, "park", slow_park)
 
     def broken(run_id: str) -> durably.Agent:
         raise RuntimeError("the model key is missing")
@@ -199,6 +206,7 @@ def _after(seconds: float) -> Callable[[], Awaitable[bool]]:
 
 
 def durably_cli(*args: str, root: Path) -> subprocess.Popen[str]:
+    """Start ``durably`` with the tests' job importable and its ledger under ``root``."""
     environment = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
@@ -238,7 +246,8 @@ def stop_when(
 
 def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) -> None:
     """``durably worker`` stops on SIGTERM after the runs' current saves and frees their leases,
-    so another worker resumes them at once, though the lease is long."""
+    so another worker resumes them at once, though the lease is long.
+    """
     run_ids = []
     for _ in range(2):
         submitted = durably_cli(
@@ -279,7 +288,8 @@ def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) 
 
 def test_the_cli_runs_a_submitted_triage_task(pg_dsn: str, tmp_path: Path) -> None:
     """``durably submit --agent triage:<task>`` queues the triage demo and ``durably worker``
-    runs it to its answer, its world under ``--state``."""
+    runs it to its answer, its world under ``--state``.
+    """
     submitted = durably_cli(
         "submit", "--dsn", pg_dsn, "--agent", "triage:m1-done-after-delete", root=tmp_path
     )

@@ -78,6 +78,7 @@ def test_a_used_run_id_cannot_be_created_again(any_store: Backend) -> None:
         # a refusal as RunExists there. Once closed, only RunExists is right.
         with pytest.raises((durably.RunExists, durably.Locked)) as caught:
             await store.create(state_a("r1"))
+        assert isinstance(caught.value, (durably.RunExists, durably.Locked))
         assert caught.value.run_id == "r1"
         await handle.close()
         with pytest.raises(durably.RunExists):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _store_backends import Backend
+from _store_fixtures import STORES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -129,9 +129,11 @@ class Wild:
     max_output_tokens = 100
 
     def dollars(self, usage: Usage) -> float:
+        """Dollars at a fixed price (the property varies what the model says, not what it costs)."""
         return Price(input=3.0, output=15.0).dollars(usage)
 
     async def reply(self, request: ModelRequest) -> Any:
+        """The scripted reply of this turn, or a hostile value when the reply is the target."""
         if request.turn > len(SCRIPT):
             return Reply(text=self.pick("reply text", st.text(max_size=20), wild))
         junk = self.pick("reply", st.none(), wild)
@@ -161,6 +163,7 @@ class Wild:
     # -- tools and their hooks -----------------------------------------------------------
 
     def tools(self) -> list[durably.Tool]:
+        """The run's tools, whose results, lookups and errors may be hostile."""
         pick = self.pick
         doubt = self.target in ("lookup", "resolve", "in doubt message", "everything")
         sure = [NOT_FOUND, Found("it happened")]
@@ -211,6 +214,7 @@ class Wild:
     # -- the approver ---------------------------------------------------------------------
 
     async def approve(self, request: ApprovalRequest) -> Any:
+        """Yes or no, or a hostile answer when approval is the target."""
         answer = self.pick(
             "approve",
             st.sampled_from([Yes(), Yes(), No("not now")]),
@@ -225,6 +229,7 @@ class Wild:
         return answer
 
     async def resolve(self, request: ResolveRequest) -> Any:
+        """Rerun or done, or a hostile answer when resolving is the target."""
         return self.pick(
             "resolve",
             st.sampled_from([Rerun(), Done("a person saw it")]),
@@ -232,6 +237,7 @@ class Wild:
         )
 
     def observe(self, event: durably.Event) -> None:
+        """Watch the run's events; the observer itself may raise."""
         if self.target == "everything" and self.draw(st.booleans(), label="observer raises"):
             raise RuntimeError("the display broke")
 
@@ -244,18 +250,22 @@ class CheckedHandle:
 
     @property
     def run_id(self) -> str:
+        """The run's ID."""
         return self._handle.run_id
 
     async def save(self, state: RunState) -> None:
+        """Save, then read the run back and compare."""
         await self._handle.save(state)
-        await self._check(state)
+        await self.check_saved(state)
 
-    async def _check(self, state: RunState) -> None:
+    async def check_saved(self, state: RunState) -> None:
+        """Read the run back: it loads, equals what was saved, and is kept."""
         loaded = await self._store.read(state.run_id)  # raises if it does not load
         assert loaded == state  # equal values (the encoding may omit a default it kept)
         self._saves.append(loaded)
 
     async def close(self) -> None:
+        """Close the inner handle."""
         await self._handle.close()
 
     async def __aenter__(self) -> CheckedHandle:
@@ -273,22 +283,37 @@ class CheckedStore:
         self.saves: list[RunState] = []
 
     async def create(self, state: RunState) -> CheckedHandle:
+        """Create the run and read it back at once."""
         handle = CheckedHandle(await self._store.create(state), self._store, self.saves)
-        await handle._check(state)
+        await handle.check_saved(state)
         return handle
 
     async def open(self, run_id: str) -> tuple[CheckedHandle, RunState]:
+        """Open the run; its saves are checked."""
         handle, state = await self._store.open(run_id)
         return CheckedHandle(handle, self._store, self.saves), state
 
     async def read(self, run_id: str) -> RunState:
+        """Read the run from the inner store."""
         return await self._store.read(run_id)
 
     async def list_runs(self) -> list[str]:
+        """The inner store's runs."""
         return await self._store.list_runs()
 
     def describe(self, run_id: str) -> str:
+        """The inner store's description of the run."""
         return self._store.describe(run_id)
+
+    async def close(self) -> None:
+        """Close the inner store."""
+        await self._store.close()
+
+    async def __aenter__(self) -> CheckedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
 def drive(backend: Backend, data: st.DataObject, target: str) -> None:
@@ -301,8 +326,8 @@ def drive(backend: Backend, data: st.DataObject, target: str) -> None:
             agent = Agent(
                 model=user,
                 tools=user.tools(),
-                store=checked,  # type: ignore[arg-type]
-                approver=user,  # type: ignore[arg-type]
+                store=checked,
+                approver=user,
                 limits=Limits(max_turns=6, max_dollars=1.0),
                 observer=user.observe,
             )
@@ -321,7 +346,7 @@ def drive(backend: Backend, data: st.DataObject, target: str) -> None:
     asyncio.run(scenario())
 
 
-def _settings(backend: str) -> Any:
+def _settings(backend: str) -> settings:
     return settings(
         max_examples=EXAMPLES[backend],
         deadline=None,
@@ -345,7 +370,8 @@ def test_every_state_saved_with_wild_user_code_loads_again(
     any_store: Backend, request: pytest.FixtureRequest
 ) -> None:
     """Whatever a model, tool, lookup, intends hook or approver returns, every state the loop
-    saves loads again from the store, and nothing but a durably error escapes the run."""
+    saves loads again from the store, and nothing but a durably error escapes the run.
+    """
     backend = request.node.callspec.params["any_store"]
     cases: list[str] = []
     for target in HOOKS:
@@ -369,14 +395,6 @@ def hostile(any_store: Backend, backend: str, target: str, cases: list[str]) -> 
     return check
 
 
-def test_examples_cover_every_backend(request: pytest.FixtureRequest) -> None:
+def test_examples_cover_every_backend() -> None:
     """The property runs against every store backend of the conformance suite."""
-    # This directory's conftest, as pytest loaded it (a bare `import conftest` can
-    # find another directory's under the name when the whole suite runs).
-    here = Path(__file__).with_name("conftest.py")
-    [conftest] = [
-        plugin
-        for plugin in request.config.pluginmanager.get_plugins()
-        if Path(getattr(plugin, "__file__", "") or "") == here
-    ]
-    assert set(EXAMPLES) == set(conftest.STORES)
+    assert set(EXAMPLES) == set(STORES)

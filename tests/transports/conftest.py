@@ -1,21 +1,9 @@
-"""Fixtures for the transport tests: the directories a scenario's processes share."""
+"""Registers this directory's fixtures, defined in ``_transport_fixtures``.
 
-from __future__ import annotations
+A conftest is always a module named ``conftest``, and mypy checks each module name once, so
+the fixtures live in a module of their own name (type-checked) and are only imported here.
+"""
 
-from pathlib import Path
+from _transport_fixtures import agent_files, service_dir
 
-import pytest
-
-
-@pytest.fixture
-def service_dir(tmp_path: Path) -> Path:
-    """Where the service keeps its effects, request log and keys."""
-    path = tmp_path / "service"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def agent_files(tmp_path: Path) -> dict[str, str]:
-    """The files every agent process of one scenario shares: run store and approver log."""
-    return {"state": str(tmp_path / "runs"), "questions": str(tmp_path / "questions.jsonl")}
+__all__ = ["agent_files", "service_dir"]

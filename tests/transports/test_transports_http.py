@@ -18,6 +18,7 @@ from durably import (
     UNKNOWN,
     Effect,
     Found,
+    Lookup,
     Tool,
     ToolContext,
     ToolInDoubt,
@@ -64,6 +65,7 @@ def tool_with(handler: Handler, effect: Effect, **options: Any) -> tuple[Tool, l
 
 
 def call(tool: Tool, raw: str = '{"item": "widget", "quantity": 2}') -> str:
+    """Call ``tool`` with ``raw`` JSON arguments, as the loop does."""
     return asyncio.run(tool(CTX, **tool.parse(raw)))
 
 
@@ -124,6 +126,7 @@ def test_an_error_answer_reaches_the_model_with_status_and_body() -> None:
 
 
 def timeout(request: httpx.Request) -> httpx.Response:
+    """A handler whose service never answers in time."""
     raise httpx.ReadTimeout("slow", request=request)
 
 
@@ -143,8 +146,13 @@ def timeout(request: httpx.Request) -> httpx.Response:
 def test_only_200_and_404_decide_a_lookup(handler: Handler, expected: Any) -> None:
     """A lookup answers found on 200 and not found on 404; anything else is unknown."""
     tool, seen = tool_with(handler, Effect.WRITE, lookup_url="http://shop/lookup/{key}")
-    assert tool.lookup is not None
-    answer = asyncio.run(tool.lookup(CTX, **tool.parse('{"item": "widget"}')))
+    lookup = tool.lookup
+    assert lookup is not None
+
+    async def ask() -> Lookup:
+        return await lookup(CTX, **tool.parse('{"item": "widget"}'))
+
+    answer = asyncio.run(ask())
     assert answer == expected
     assert seen[0].url.path == f"/lookup/{KEY}"
 

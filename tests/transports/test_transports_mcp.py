@@ -20,6 +20,7 @@ from durably.transports import META_KEY, McpToolError, mcp_tools
 
 
 def context(call_id: str = "c1") -> ToolContext:
+    """The context the loop gives a tool for ``call_id`` of run-1."""
     return ToolContext(
         run_id="run-1",
         call_id=call_id,
@@ -64,6 +65,8 @@ def orders_server(store: IdempotencyStore | None = None) -> tuple[MCPServer, dic
 
 
 def with_tools(server: MCPServer, body: Callable[[Client], Awaitable[Any]]) -> Any:
+    """Run ``body`` with a client connected to ``server``; its result."""
+
     async def scenario() -> Any:
         async with Client(server) as client:
             return await body(client)
@@ -128,7 +131,7 @@ def test_the_key_travels_in_meta_and_never_in_the_arguments() -> None:
 
 
 def test_an_error_result_raises_and_bad_arguments_never_leave() -> None:
-    """isError becomes McpToolError; arguments missing a required property fail before sending."""
+    """``isError`` is McpToolError; arguments missing a required property fail before sending."""
     server, _ = orders_server()
 
     async def body(client: Client) -> None:

@@ -32,6 +32,7 @@ class Clock:
     now: datetime = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
     def __call__(self) -> datetime:
+        """The clock's current time."""
         return self.now
 
 
@@ -64,6 +65,7 @@ class Shop:
     async def post(
         self, body: Any, *, key: str | None = KEY, path: str = "/orders"
     ) -> httpx.Response:
+        """Post ``body`` to the shop with the idempotency key ``key``."""
         headers = {"Idempotency-Key": key} if key is not None else {}
         return await self.client.post(path, json=body, headers=headers)
 
@@ -100,6 +102,7 @@ async def shop(
 
 
 def scenario(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run the async ``body`` to its end."""
     asyncio.run(body())
 
 

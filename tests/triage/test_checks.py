@@ -11,7 +11,7 @@ import asyncio
 import json
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +20,10 @@ import pytest
 
 from durably import FileStore, PolicyApprover
 from durably.state import Phase, RunState
+from durably.triage import checks
 from durably.triage.agent import build_agent
 from durably.triage.checks import CHECKS, run_checks
+from durably.triage.runner import TestReport, run_sample_tests
 from durably.triage.tools import patches_log
 from durably.triage.world import World, load_task, original_sample_dir
 
@@ -40,6 +42,7 @@ class Finished:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """The triage demo run to its end once for the module: its world, state and store."""
     root = tmp_path_factory.mktemp("finished")
     world = World.create(root / "world", TASK)
     store = FileStore(root / "runs")
@@ -47,7 +50,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
         agent = build_agent(world=world, store=store, approver=PolicyApprover())
         outcome = asyncio.run(agent.run(load_task(TASK).description, run_id=RUN_ID))
     finally:
-        store.close()
+        store.close_sync()
     assert outcome.status == "done"
     return Finished(world=world, store_dir=root / "runs", state=outcome.state)
 
@@ -134,10 +137,12 @@ SPOILERS: dict[str, Spoiler] = {
 
 
 def test_every_check_has_a_spoiler() -> None:
+    """Every check has a spoiler that makes it fail."""
     assert sorted(SPOILERS) == sorted(name for name, _ in CHECKS)
 
 
 def test_the_unspoiled_world_passes_every_check(finished: Finished) -> None:
+    """The world an honest run leaves passes every check."""
     verdicts = run_checks(world=finished.world, state=finished.state, store_dir=finished.store_dir)
     assert [v.name for v in verdicts if not v.ok] == []
 
@@ -183,3 +188,37 @@ def test_a_reply_lost_before_its_save_may_be_asked_again_once(
         "1 model calls asked again for a turn already asked for "
         "(2 repeats, 1 of them for replies lost before their save)"
     )
+
+
+def test_the_suite_runs_again_for_any_workspace_not_seen_passing(
+    finished: Finished, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A passing suite's verdict is reused only for a workspace with the very same files:
+    a copy is judged without running it, a copy with one file changed runs it, and fails.
+    """
+    runs: list[Path] = []
+    original = run_sample_tests  # what `checks` calls, until replaced below
+
+    def counted(root: Path, *, only: Sequence[str] | None = None) -> TestReport:
+        runs.append(root)
+        return original(root, only=only)
+
+    monkeypatch.setattr(checks, "_passing", set())
+    monkeypatch.setattr(checks, "run_sample_tests", counted)
+
+    def judge(name: str, spoil: Callable[[World], None] | None = None) -> bool:
+        root = Path(shutil.copytree(finished.world.root, tmp_path / name))
+        world = World.open(root)
+        if spoil is not None:
+            spoil(world)
+        verdicts = run_checks(world=world, state=finished.state, store_dir=finished.store_dir)
+        return {v.name: v.ok for v in verdicts}["all tests pass on the patched code"]
+
+    def suite_runs() -> int:
+        return sum(1 for root in runs if root.name == "workspace")
+
+    assert judge("first")
+    assert judge("second")  # the same files elsewhere: judged from the first verdict
+    assert suite_runs() == 1
+    assert not judge("unpatched", _unpatch)
+    assert suite_runs() == 2

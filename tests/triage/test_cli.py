@@ -278,7 +278,8 @@ def test_bad_arguments_are_refused_at_once_naming_the_argument(
 ) -> None:
     """A count below 1, a budget nothing could reach, an unknown configuration, or a report
     file that could not be written later: exit 2 with the reason, before any run or sweep
-    starts (a sweep writes its report only after a minute of work)."""
+    starts (a sweep writes its report only after a minute of work).
+    """
     result = durably(*(a.format(tmp=tmp_path) for a in args), timeout=30)
 
     assert result.returncode == EXIT["usage"], result.stdout + result.stderr
@@ -319,7 +320,8 @@ def test_runs_lists_a_finished_run_with_its_phase_and_turns(state: Path) -> None
 @pytest.mark.timeout(900)
 def test_the_power_loss_sweep_finds_no_violation_and_catches_every_mutant() -> None:
     """`durably sweep --power-loss` exits 0: no store loses a save, every mutant is caught,
-    and the triage run resumed on every disk of every point finishes clean."""
+    and the triage run resumed on every disk of every point finishes clean.
+    """
     result = subprocess.run(
         [sys.executable, "-m", "durably", "sweep", "--power-loss", "--jobs", "2"],
         capture_output=True,
@@ -359,7 +361,8 @@ def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_w
 ) -> None:
     """`durably sweep --store journal` kills the run on the triage command's default store at
     every point and second point: nothing duplicated, lost or paid twice; and the table,
-    piped, is printed whole rather than cut to rich's 80 columns."""
+    piped, is printed whole rather than cut to rich's 80 columns.
+    """
     piped = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     report = tmp_path / "sweep.json"
     result = durably(
@@ -398,7 +401,8 @@ def test_an_error_the_system_raised_is_one_line_with_a_fitting_hint(
     hint: str,
 ) -> None:
     """An OSError no layer below turned into a durably error still reaches the user as the
-    kernel's reason, with advice that fits it, exit 1 and no traceback."""
+    kernel's reason, with advice that fits it, exit 1 and no traceback.
+    """
 
     def refused(*args: object) -> int:
         raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
@@ -416,7 +420,8 @@ def test_an_error_the_system_raised_is_one_line_with_a_fitting_hint(
 
 def test_a_reader_that_went_away_ends_the_command_quietly(state: Path, crashed: str) -> None:
     """``durably show ... | head`` whose reader is gone: exit 1 with nothing on stderr, not a
-    traceback and not advice about disk space."""
+    traceback and not advice about disk space.
+    """
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte
     try:
@@ -463,6 +468,7 @@ def fill(disk: Path, name: str) -> Path:
 
 
 def saved(state: Path, run: str) -> dict[str, Any]:
+    """The run's saved state as ``durably show --json`` prints it."""
     shown = durably("show", run, "--state", state, "--json")
     assert shown.returncode == EXIT["done"], shown.stderr
     return dict(json.loads(shown.stdout))
@@ -473,7 +479,8 @@ def test_a_full_or_read_only_state_disk_is_a_clear_error_and_loses_nothing(
 ) -> None:
     """On a real disk that is full, then read-only: every command fails with the kernel's
     reason and no traceback, no new run is half made, the checkpoint stays readable, and
-    once there is room the run resumes to 16/16 with nothing done twice."""
+    once there is room the run resumes to 16/16 with nothing done twice.
+    """
     state = small_disk / "state"
     # The snapshot store: each of its saves needs new pages, so the first save on the full
     # disk fails. A journal append can still land in the slack of its log's last page, so
@@ -539,7 +546,8 @@ def test_help_shows_the_task_option_with_its_default() -> None:
 
 def test_show_takes_the_start_of_a_run_id_when_only_one_run_starts_so(tmp_path: Path) -> None:
     """``durably show`` resolves a unique start of an ID, prefers a whole ID, and refuses an
-    ambiguous start with exit 2 listing every run it starts."""
+    ambiguous start with exit 2 listing every run it starts.
+    """
     from durably import Agent, FileStore, Reply, ScriptedModel
 
     state = tmp_path / "state"
@@ -569,7 +577,8 @@ def test_show_takes_the_start_of_a_run_id_when_only_one_run_starts_so(tmp_path: 
 
 def test_the_same_command_after_a_finished_run_says_it_starts_a_new_one(state: Path) -> None:
     """Run again once the task's run is done, ``durably triage`` names the finished run and
-    the new one it starts, and leaves the finished run as it was."""
+    the new one it starts, and leaves the finished run as it was.
+    """
     first = durably("triage", "--task", M1, "--state", state, "--approve", "off")
     assert first.returncode == EXIT["done"], first.stdout + first.stderr
     finished = only_run(state)

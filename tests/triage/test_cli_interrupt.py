@@ -72,7 +72,8 @@ def test_ctrl_c_at_the_approval_prompt_exits_130_at_once_with_the_run_saved_paus
     tmp_path: Path,
 ) -> None:
     """Ctrl-C typed at the approval prompt (SIGINT from a real terminal) ends the process
-    within a second with exit 130, and the run is saved paused on that question."""
+    within a second with exit 130, and the run is saved paused on that question.
+    """
     state = tmp_path / "state"
     argv = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
     argv += ["--model", "replay"]
@@ -111,7 +112,8 @@ def test_an_approver_nobody_can_answer_leaves_the_run_paused_with_exit_3(
     tmp_path: Path, stdin: str
 ) -> None:
     """With stdin at its end or closed, ``--approve on`` leaves the run paused (exit 3), and a
-    second try does not count a restart."""
+    second try does not count a restart.
+    """
     state = tmp_path / "state"
     argv = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
     argv += ["--model", "replay"]
@@ -143,7 +145,8 @@ def test_max_resumes_on_the_command_line_stops_a_restart_and_a_higher_one_goes_o
     tmp_path: Path,
 ) -> None:
     """``--max-resumes 0`` stops the restart of a crashed run with exit 5 and says how to go
-    on; the default then carries it to 16/16; a negative count is bad usage."""
+    on; the default then carries it to 16/16; a negative count is bad usage.
+    """
     state = tmp_path / "state"
     base = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
     base += ["--approve", "off"]
@@ -176,7 +179,8 @@ def test_ctrl_c_during_a_model_call_exits_130_at_once_with_the_call_marked(
 ) -> None:
     """Ctrl-C while the model is thinking (a provider that accepted the request and has not
     answered) ends the process within a second with exit 130; the saved state has the
-    model-call marker, which the next resume counts."""
+    model-call marker, which the next resume counts.
+    """
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()

@@ -128,7 +128,8 @@ def test_a_truncated_log_is_refused_and_nothing_is_redone(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_a_lock_file_deleted_while_held_stops_the_owner_before_it_writes(tmp_path: Path) -> None:
     """An owner whose lock file was deleted stops at its next save with LockLost; a resume
-    then finishes the run with nothing done twice."""
+    then finishes the run with nothing done twice.
+    """
     state = tmp_path / "state"
     first = subprocess.Popen(
         [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)],

@@ -35,7 +35,7 @@ def replay(tmp_path: Path, task: str, approver: Approver) -> Replayed:
         agent = build_agent(world=world, store=store, approver=approver)
         outcome = asyncio.run(agent.run(load_task(task).description, run_id=new_run_id(task)))
     finally:
-        store.close()
+        store.close_sync()
     return Replayed(outcome=outcome, world=world, store_dir=store_dir)
 
 

@@ -1,5 +1,6 @@
 """The files the demo's world writes: never through a planted symlink, private where they hold
-what the services received or the conversation (issue 22, items 4 and 7)."""
+what the services received or the conversation (issue 22, items 4 and 7).
+"""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def no_umask() -> Iterator[None]:
 
 
 def mode(path: Path) -> int:
+    """The permission bits of ``path`` itself (never a link's target)."""
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
@@ -58,7 +60,8 @@ def test_a_replaced_file_replaces_a_planted_link_not_its_target(
     tmp_path: Path, victim: Path
 ) -> None:
     """checks.json and recording.json are written by rename over the name: a link planted there
-    is replaced, its target left alone; the new file is 0600."""
+    is replaced, its target left alone; the new file is 0600.
+    """
     target = tmp_path / "checks.json"
     target.symlink_to(victim)
     write_file(target, b"[]\n")
@@ -78,7 +81,8 @@ def test_append_line_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
 
 def test_world_files_are_private_whatever_the_umask(tmp_path: Path, no_umask: None) -> None:
     """Under umask 000 the world's directory (and worlds/) is 0700 and the tracker's database,
-    its -wal and -shm 0600."""
+    its -wal and -shm 0600.
+    """
     root = tmp_path / "worlds" / "run-1"
     world = World.create(root, TASK)
     world.tracker().file_issue(title="t", body="b", cause="c", reports=["r1"], key="k")
@@ -93,7 +97,8 @@ def test_the_demo_leaves_its_world_private_and_writes_no_file_through_a_link(
     tmp_path: Path, victim: Path
 ) -> None:
     """Run to the end twice: the second run (already done) writes checks.json again, over a link
-    planted at its name, and the victim is untouched; recording files are 0600."""
+    planted at its name, and the victim is untouched; recording files are 0600.
+    """
     state = tmp_path / "state"
     command = [sys.executable, "-m", "durably", "triage", "--task", TASK, "--approve", "off"]
     command += ["--model", "replay", "--state", str(state)]

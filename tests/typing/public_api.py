@@ -8,10 +8,13 @@ is not needed, so a refusal that stops happening fails the check).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import assert_type
+from pathlib import Path
+from typing import Literal, assert_type
 
 import durably
+from durably import postgres
 from durably.state import ApprovalKind, ResolutionOutcome, RunState
+from durably.stores import RunHandle
 from durably.stores.postgres import PostgresStore
 from durably.transports import HttpToolError, McpToolError
 
@@ -23,6 +26,28 @@ async def postgres_store_is_a_class() -> None:
     _handle, state = await store.open("run-1")
     assert_type(state, RunState)
     durably.PostgresStore(lease=30)  # type: ignore[arg-type]
+
+
+async def the_postgres_package_is_typed(store: postgres.PostgresStore) -> None:
+    """``durably.postgres`` and the old ``durably.stores.postgres`` name the same store;
+    the work queue's functions are typed.
+    """
+    old: PostgresStore = store
+    assert_type(old, postgres.PostgresStore)
+    claims = await postgres.claim(store, agents=["refunds"], limit=4)
+    assert_type(claims, list[postgres.Claim])
+    assert_type(claims[0].handle, postgres.PostgresRun)
+    assert_type(await postgres.park(claims[0].handle, "why"), bool)
+    await postgres.enqueue(store, run_id="r1", agent="refunds")  # type: ignore[call-arg]
+
+
+async def an_agent_drives_a_handle_it_is_given(
+    agent: durably.Agent, handle: RunHandle, state: RunState
+) -> None:
+    """The loop runs on a handle its caller holds: a new run's or a resumed one's."""
+    assert_type(await agent.start(handle, "refund order 1042"), durably.Outcome)
+    assert_type(await agent.drive(handle, state), durably.Outcome)
+    await agent.drive(handle, "run-1")  # type: ignore[arg-type]
 
 
 def errors_keep_typed_fields(error: durably.DurablyError) -> None:
@@ -66,3 +91,67 @@ def agent_takes_keywords(model: durably.Model, store: durably.FileStore) -> dura
 def version_is_a_string() -> None:
     """``durably.__version__`` is a ``str``."""
     assert_type(durably.__version__, str)
+
+
+def a_misspelt_name_is_refused() -> None:
+    """A name ``durably`` does not export is an error, not an ``object`` (no module ``__getattr__``
+    is visible to type checkers).
+    """
+    durably.FileStor  # type: ignore[attr-defined]  # noqa: B018
+    durably.Store  # type: ignore[attr-defined]  # noqa: B018
+
+
+async def an_agent_run_ends_in_a_typed_outcome(agent: durably.Agent) -> None:
+    """``run``, ``resume`` and their sync twins return an ``Outcome`` with typed fields."""
+    outcome = await agent.run("refund order 1042", run_id="r-1")
+    assert_type(outcome, durably.Outcome)
+    assert_type(outcome.status, Literal["done", "paused"])
+    assert_type(outcome.answer, str | None)
+    assert_type(outcome.dollars, float)
+    assert_type(outcome.state, RunState)
+    assert_type(await agent.resume("r-1"), durably.Outcome)
+    assert_type(agent.run_sync("task"), durably.Outcome)
+    assert_type(agent.resume_sync("r-1"), durably.Outcome)
+    await agent.run("task", "name")  # type: ignore[call-arg]
+    await agent.resume("r-1", None)  # type: ignore[call-arg]
+
+
+async def find_refund(ctx: durably.ToolContext, order_id: str) -> durably.Lookup:
+    """A lookup: what the service did under this call's key."""
+    assert_type(ctx.idempotency_key, str)
+    return durably.Found("refund 7") if order_id else durably.NOT_FOUND
+
+
+def a_tool_needs_its_effect() -> durably.Tool:
+    """``@durably.tool`` makes a ``Tool``; its effect has no default, so it must be given."""
+
+    @durably.tool(effect=durably.Effect.KEYED, needs_approval=True, lookup=find_refund)
+    async def refund(ctx: durably.ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    assert_type(refund, durably.Tool)
+    durably.tool()  # type: ignore[call-arg]
+    durably.tool(effect="write")  # type: ignore[arg-type]
+    return refund
+
+
+def the_seams_take_durablys_own_classes(directory: Path) -> None:
+    """The shipped stores are ``Store``s, the scripted model a ``Model``, the approvers
+    ``Approver``s; each builds from keywords after its first argument.
+    """
+    stores: list[durably.stores.Store] = [
+        durably.FileStore(directory),
+        durably.JournalStore(directory),
+        durably.PostgresStore("postgresql:///runs"),
+    ]
+    model: durably.Model = durably.ScriptedModel([durably.Reply(text="done")], name="m")
+    approvers: list[durably.Approver] = [
+        durably.PolicyApprover(),
+        durably.ScriptedApprover(),
+        durably.TerminalApprover(),
+    ]
+    durably.ScriptedModel([], "m")  # type: ignore[call-arg]
+    assert_type(durably.idempotency_key("r-1", "c-1"), str)
+    assert_type(durably.new_run_id("task"), str)
+    del stores, model, approvers

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -138,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # Every save has landed and the run's store is closed by now. Tearing the
         # interpreter down (a provider SDK's modules) takes about a second, which a
         # person who pressed Ctrl-C should not wait for: flush and leave.
+        import logging
+
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

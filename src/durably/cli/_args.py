@@ -7,9 +7,6 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import InvalidRunId
-from ..keys import validate_run_id
-
 __all__ = [
     "EPILOG",
     "non_negative_int",
@@ -69,6 +66,10 @@ def positive_amount(text: str) -> float:
 
 def run_id(text: str) -> str:
     """An argparse type: a valid run ID, checked before it is ever used in a path."""
+    # Imported here: durably.keys loads hashlib and secrets, which --help never needs.
+    from ..errors import InvalidRunId
+    from ..keys import validate_run_id
+
     try:
         return validate_run_id(text)
     except InvalidRunId as exc:

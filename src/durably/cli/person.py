@@ -15,9 +15,6 @@ A directory wins over ``--state``, which wins over ``--dsn``; with none of them,
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -30,7 +27,8 @@ from ._args import positive_int
 
 if TYPE_CHECKING:
     # Only for annotations: `durably --help` must not pay for asyncio, rich or the
-    # loop (tests/test_startup.py); each command imports what it uses when it runs.
+    # loop (tests/test_startup.py); each command imports what it uses when it runs
+    # (inspect, importlib and json too).
     from rich.console import Console
 
 
@@ -74,6 +72,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
         ValueError: the spec is malformed, the module cannot be imported, or the name
             is missing or not callable.
     """
+    import importlib
+
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ValueError(f"--agent {spec!r}: write MODULE:FACTORY, e.g. myapp.agents:refunds")
@@ -95,6 +95,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     """Call an agent factory: with the run ID when it takes an argument, else with none."""
+    import inspect
+
     from ..loop import Agent
 
     try:
@@ -166,6 +168,8 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
     for problem in unreadable:
         _error(errors, problem)
     if args.json:
+        import json
+
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return EXIT["failed"] if unreadable else EXIT["done"]
     if not rows:
@@ -244,7 +248,7 @@ def _answerer() -> str:
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..loop import Limits
+    from ..loop import Limits, shielded
 
     try:
         factory = load_factory(args.agent)
@@ -265,10 +269,19 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
                 max_resumes=args.max_resumes,
             )
         if choice is None:
+            if agent.store is None:
+                raise ValueError(
+                    f"the agent {args.agent} builds has no store (a worker's agent?): "
+                    "name the store: a directory, --state DIR or --dsn"
+                )
             return await agent.resume(args.run)
         async with opened_store(choice) as store:
-            agent.store = store
-            return await agent.resume(args.run)
+            # The agent's own store is not used: the loop drives the run opened here.
+            handle, state = await store.open(args.run)
+            try:
+                return await agent.drive(handle, state)
+            finally:
+                await shielded(handle.close())
 
     try:
         outcome = asyncio.run(go())

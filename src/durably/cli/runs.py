@@ -7,24 +7,30 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from .._exit import EXIT, runs_dir
-from ..state import Phase, RunState, age, encode_state
-from ..stores.file import FileStore
-from ..stores.journal import JournalStore
 from ._args import positive_int, state_option
 from ._args import run_id as run_id_arg
 
 if TYPE_CHECKING:
+    # The store, the state's codec and rich load when a command runs, so that
+    # `durably --help` (and every other command) does not pay for them.
     from rich.console import Console
 
-__all__ = ["add_runs_command", "add_show_command", "run_by_prefix", "runs_table", "show"]
+    from ..state import RunState
+    from ..stores.file import FileStore
+
+PHASES = ("model", "tools", "paused", "done")
+"""The values of ``durably.state.Phase``, written out so that building the parser
+(``durably --help``) does not import the state's codec; a test keeps them equal."""
+
+__all__ = ["PHASES", "add_runs_command", "add_show_command", "run_by_prefix", "runs_table", "show"]
 
 
 def show(state: RunState, console: Console) -> None:
     """Print one run's checkpoint for a person."""
     from rich.table import Table
+
+    from ..state import age
 
     console.print(f"[bold]{state.run_id}[/bold]")
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -139,6 +145,8 @@ def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from ..stores.journal import JournalStore
+
     store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
     run = run_by_prefix(store, args.run)
     if isinstance(run, list):
@@ -150,6 +158,10 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
         return EXIT["usage"]
     state = store.read_sync(run)
     if args.json:
+        import msgspec
+
+        from ..state import encode_state
+
         sys.stdout.write(msgspec.json.format(encode_state(state), indent=2).decode() + "\n")
     else:
         show(state, console)
@@ -167,6 +179,8 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
             highlight=False,
         )
         return EXIT["done"]
+    from ..stores.journal import JournalStore
+
     unreadable = runs_table(
         JournalStore(directory), console, errors, phase=args.phase, limit=args.limit, sort=args.sort
     )
@@ -193,7 +207,7 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     state_option(runs_cmd)
     runs_cmd.add_argument(
         "--phase",
-        choices=[str(p) for p in Phase],
+        choices=PHASES,
         help="only runs in this phase (unreadable runs are still named on stderr)",
     )
     runs_cmd.add_argument(

@@ -1,5 +1,7 @@
-"""``durably sweep``: crash the triage agent at every crash point (or power cut, system
-call, random instant) and count what went wrong."""
+"""``durably sweep``: crash the triage agent and count what went wrong.
+
+At every crash point, power cut, system call or random instant.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._exit import EXIT
-from ..stores.file import FileStore
 from ._args import output_file, positive_int
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from ..stores.file import FileStore
 
 __all__ = ["add_sweep_command"]
 
@@ -26,6 +29,7 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
 
     from rich.table import Table
 
+    from ..stores.file import FileStore
     from ..stores.journal import JournalStore
     from ..sweep.powerloss import MUTANTS, check_lock_exclusion, explore
 
@@ -70,7 +74,7 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
 def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) -> int:
     """The triage run resumed on every disk a power cut can leave, for each store."""
     from ..sweep import CONFIGS
-    from ..sweep.powerloss_sweep import run_power_loss_sweep
+    from ..sweep.powerloss import run_power_loss_sweep
     from ..triage.job import TriageJob
 
     problems = 0
@@ -227,9 +231,10 @@ def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) 
 def _random_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
     """``durably sweep --random RUNS``: kill the demo at random instants, several times a run."""
     from ..sweep.randomkill import run_random_sweep
+    from ..triage.job import TriageDemo
 
     report = run_random_sweep(
-        task=args.task,
+        TriageDemo(args.task),
         runs=args.random,
         kills=args.kills,
         seed=args.seed,

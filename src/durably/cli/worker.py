@@ -1,6 +1,6 @@
 """``durably worker`` and ``durably submit``: Postgres workers.
 
-The commands live in :mod:`durably.worker`; only their wiring is here.
+The commands live in :mod:`durably.postgres.worker`; only their wiring is here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["add_worker_commands"]
 def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..worker import serve
+    from ..postgres.worker import serve
 
     try:
         asyncio.run(
@@ -44,7 +44,7 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
 def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..worker import submit_command
+    from ..postgres.worker import submit_command
 
     try:
         run_id = asyncio.run(
@@ -64,6 +64,8 @@ def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> 
 
 
 def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``durably worker`` and ``durably submit`` (the Postgres work queue)."""
+
     def common(command: argparse.ArgumentParser) -> None:
         command.add_argument(
             "--dsn",
@@ -77,7 +79,7 @@ def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             action="append",
             default=[],
             metavar="MODULE",
-            help="import MODULE first; it registers agents with durably.worker.register",
+            help="import MODULE first; it registers agents with durably.postgres.register",
         )
 
     worker = commands.add_parser(
@@ -91,7 +93,8 @@ def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "--state",
         type=Path,
         default=Path(".durably"),
-        help="where triage runs keep their worlds (default: .durably)",
+        help="directory for agents that keep files, given to their durably.agents hooks "
+        "(the triage demo keeps its worlds there; default: .durably)",
     )
     worker.add_argument(
         "--lease", type=positive_amount, default=15.0, help="lease length in seconds (default: 15)"

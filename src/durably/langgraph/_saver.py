@@ -92,7 +92,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             for thread_id in list(self._owned):
                 self.release(thread_id)
-            self.store.close()
+            self.store.close_sync()
 
     def release(self, thread_id: str) -> None:
         """Stop writing a thread: its lock is freed for another process."""
@@ -140,6 +140,10 @@ class DurablySaver(BaseCheckpointSaver[str]):
         header = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
+        # Encoded before taking the saver's lock: a put often arrives while the step's
+        # put_writes is still being flushed, and this work needs nothing it guards.
+        encoded_checkpoint = self.serde.dumps_typed(header)
+        encoded_metadata = self.serde.dumps_typed(full_metadata)
         with self._writing(thread_id) as handle:
             seq = handle.index.seq + 1
             blobs: list[Blob] = []
@@ -164,8 +168,8 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 ns=ns,
                 id=checkpoint["id"],
                 parent=configurable.get("checkpoint_id"),
-                checkpoint=self.serde.dumps_typed(header),
-                metadata=self.serde.dumps_typed(full_metadata),
+                checkpoint=encoded_checkpoint,
+                metadata=encoded_metadata,
                 run_id=run_id if isinstance(run_id, str) else None,
                 blobs=blobs,
             )
@@ -197,15 +201,14 @@ class DurablySaver(BaseCheckpointSaver[str]):
         thread_id: str = configurable["thread_id"]
         ns: str = configurable.get("checkpoint_ns", "")
         checkpoint_id: str = configurable["checkpoint_id"]
+        encoded = [
+            (WRITES_IDX_MAP.get(channel, position), channel, *self.serde.dumps_typed(value))
+            for position, (channel, value) in enumerate(writes)
+        ]  # before the lock, as in put
         with self._writing(thread_id) as handle:
             taken = handle.index.write_keys_taken(ns, checkpoint_id)
-            items: list[tuple[int, str, str, bytes]] = []
-            for position, (channel, value) in enumerate(writes):
-                idx = WRITES_IDX_MAP.get(channel, position)
-                if idx >= 0 and (task_id, idx) in taken:
-                    continue  # as LangGraph's own savers do: a regular write is never replaced
-                type_, data = self.serde.dumps_typed(value)
-                items.append((idx, channel, type_, data))
+            # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
+            items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in taken]
             if not items:
                 return
             handle.append(

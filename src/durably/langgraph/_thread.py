@@ -4,15 +4,15 @@ Per thread, in the saver's directory (0700), named after the thread (``<key>``
 is the thread ID when it is made of letters, digits, ``-`` and ``_``, else
 ``x.`` and a SHA-256 of it)::
 
-    <key>.json        {"format": 1, "thread_id": ..., "generation": G}, replaced crash-atomically
-    <key>.<G>.log     the thread's records, appended and flushed one per put or put_writes
+    <key>.json        {"format": 2, "thread_id": ..., "generation": G, "crc": ...}, replaced
+                      crash-atomically; the CRC-32 covers the three fields before it
+    <key>.<G>.log     the thread's records, each written and flushed by one put or put_writes
     <key>.lock        flock'ed by the one process writing the thread; never deleted
 
 This is the journal store's layout and protocol (``durably.stores.journal``),
-reused rather than copied: the same framed, checksummed records, the same append
-(one ``write`` and one ``fdatasync``; the first record of a log also syncs the
-directory), the same torn-tail rule, the same crash-atomic snapshot write, the
-same flock. Only the records differ. A record is a msgpack array, one of
+reused rather than copied: the same framed, checksummed records, the same
+torn-tail rule, the same crash-atomic snapshot write, the same flock. Only the
+records and the append differ. A record is a msgpack array, one of
 
 - ``p`` a checkpoint: namespace, ID, parent ID, the serialized checkpoint without
   its channel values, the serialized metadata, the run ID, and a blob per channel
@@ -24,6 +24,17 @@ A blob is a whole value, or, when the channel's new value is a list that extends
 the value last stored for that channel, only the appended items and the sequence
 number of the record holding the value it extends. Reads rebuild the list.
 
+On Linux the append is one ``write`` on a descriptor opened with ``O_DSYNC``:
+the write returns once its data is on stable storage, as ``write`` +
+``fdatasync`` would, in one system call (elsewhere it is ``write`` + the
+``FileSystem.datasync`` flush). The owner reserves the log's space ahead of its end
+(``posix_fallocate``, in chunks), so that an append does not grow the file and
+its sync need not commit a new size to the file system's journal. Reserved space
+reads as zeros, which the tail rule reads as the end of the log: no record
+starts with a zero byte. The owner gives back what it did not use when it lets
+the thread go; a new owner cuts any tail (zeros or a torn record) before it
+appends.
+
 Rewrites (prune, delete_for_runs, the target of copy_thread) write the kept
 records into the log of the next generation (created, written, flushed, directory
 synced), then replace the header naming it; only after the header's directory
@@ -34,8 +45,11 @@ complete log, or the new header with its complete log.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import sys
+import zlib
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -44,7 +58,7 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem
+from .._sysio import FileSystem, filesystem_type
 from ..errors import CheckpointCorrupt, Locked, SaveFailed
 from ..stores.journal import (
     JournalRun,
@@ -58,10 +72,23 @@ from ..stores.journal import (
 __all__ = ["ThreadLocked", "thread_key"]
 
 _NOFOLLOW = os.O_NOFOLLOW
+_DSYNC = os.O_DSYNC if sys.platform == "linux" else 0
+"""Linux only: elsewhere (macOS) ``O_DSYNC`` leaves the data in the drive's cache, and the
+append calls ``FileSystem.datasync`` (``F_FULLFSYNC`` there) after its write."""
 _HEADER_SUFFIX = ".json"
 _LOCK_SUFFIX = ".lock"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-FORMAT = 1
+FORMAT = 2
+"""Version 2 headers carry a CRC-32; version 1 (no checksum) is still read."""
+_MIN_RESERVE = 16 << 10
+"""Space reserved ahead of the log's end when it runs out: as much as the log holds (so
+an owned thread's file is at most twice its records), but at least this much..."""
+_MAX_RESERVE = 8 << 20
+"""...and at most this much."""
+_RESERVING_FS = frozenset({"ext4", "xfs"})
+"""File systems where writing into reserved space spares the sync a journal commit."""
+
+log = logging.getLogger("durably.store")
 
 Version = str | int | float
 Typed = tuple[str, bytes]
@@ -100,6 +127,18 @@ class _Header(msgspec.Struct, kw_only=True):
     format: int
     thread_id: str
     generation: int
+    crc: int | None = None
+    """CRC-32 of ``[format, thread_id, generation]`` as JSON (format 2 on)."""
+
+
+def _header_crc(format: int, thread_id: str, generation: int) -> int:
+    return zlib.crc32(_header_encoder.encode([format, thread_id, generation]))
+
+
+def _header(thread_id: str, generation: int) -> bytes:
+    crc = _header_crc(FORMAT, thread_id, generation)
+    header = _Header(format=FORMAT, thread_id=thread_id, generation=generation, crc=crc)
+    return _header_encoder.encode(header)
 
 
 class Blob(msgspec.Struct, array_like=True):
@@ -342,6 +381,13 @@ class ThreadStore(JournalStore):
         allow_network_fs: bool = False,
     ) -> None:
         super().__init__(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
+        self._reserves: bool | None = None
+
+    def reserves_space(self) -> bool:
+        """True when logs here get space reserved ahead of their end (see the module doc)."""
+        if self._reserves is None:
+            self._reserves = filesystem_type(self.directory) in _RESERVING_FS
+        return self._reserves
 
     def claim_sync(self, thread_id: str) -> ThreadLog:
         """Take the thread's lock (``ThreadLocked`` at once if held elsewhere) and load it."""
@@ -366,12 +412,14 @@ class ThreadStore(JournalStore):
                 self._remove_stale_logs(key, -1, dir_fd)
                 return handle
             name = _log_name(key, header.generation)
-            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
+            data = self._read_trusted(name, key, dir_fd)
+            if data is None:
+                raise self._missing_log(name, thread_id)
             index, valid = replay(data, path=self._path(name))
             if valid < len(data):
-                handle._cut_tail(name, valid)
+                handle._cut_tail(name, valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
             self._remove_stale_logs(key, header.generation, dir_fd)
-            handle._adopt_index(index, generation=header.generation, log_size=valid)
+            handle._adopt_index(index, generation=header.generation, log_size=valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         except BaseException:
             handle.close_sync()
             raise
@@ -386,9 +434,11 @@ class ThreadStore(JournalStore):
             if header is None:
                 return None
             name = _log_name(key, header.generation)
-            data = self._read_trusted(name, key, dir_fd) or b""  # none: compacted, nothing since
+            data = self._read_trusted(name, key, dir_fd)
             again = self._read_header(key, thread_id, dir_fd)
             if again is not None and again.generation == header.generation:
+                if data is None:
+                    raise self._missing_log(name, thread_id)
                 return replay(data, path=self._path(name))[0]
         raise SaveFailed(
             run_id=thread_id,
@@ -409,6 +459,15 @@ class ThreadStore(JournalStore):
                     found.append(header.thread_id)
         return sorted(found)
 
+    def _missing_log(self, name: str, thread_id: str) -> CheckpointCorrupt:
+        # A header is replaced only after the log it names is written, flushed and
+        # its name synced, and is removed before its log: a missing log was deleted.
+        return CheckpointCorrupt(
+            path=self._path(name),
+            reason=f"the header of thread {thread_id!r} names this log and it is missing "
+            "(deleted, or the header was altered)",
+        )
+
     def _read_header(self, key: str, thread_id: str | None, dir_fd: int) -> _Header | None:
         name = key + _HEADER_SUFFIX
         path = self._path(name)
@@ -428,8 +487,12 @@ class ThreadStore(JournalStore):
             raise CheckpointCorrupt(
                 path=path, reason=f"torn or not a thread header ({exc})"
             ) from exc
-        if header.format != FORMAT:
+        if header.format not in (1, FORMAT):
             raise CheckpointCorrupt(path=path, reason=f"unknown thread format {header.format}")
+        if header.format >= 2 and header.crc != _header_crc(
+            header.format, header.thread_id, header.generation
+        ):
+            raise CheckpointCorrupt(path=path, reason="the header's checksum does not match")
         if thread_id is not None and header.thread_id != thread_id:
             raise CheckpointCorrupt(
                 path=path, reason=f"it holds thread {header.thread_id!r}, not {thread_id!r}"
@@ -442,11 +505,15 @@ class ThreadLog(JournalRun):
 
     def __init__(self, store: ThreadStore, key: str, lock_fd: int, *, thread_id: str) -> None:
         super().__init__(store, key, lock_fd)
+        self._threads = store
         self.thread_id = thread_id
         self.index = Index()
         self.exists = False
         self.previous: dict[tuple[str, str], tuple[Node, list[Any]]] = {}
         """(namespace, channel) -> the tip node and its value as a list, for appends."""
+        self._reserved = 0
+        """The log file's size: past ``_log_size``, space reserved by this handle (zeros)."""
+        self._reserving = False
 
     def _adopt_index(self, index: Index, *, generation: int, log_size: int) -> None:
         self.index = index
@@ -460,32 +527,83 @@ class ThreadLog(JournalRun):
         generation checked against the snapshot's); a thread's log is made by its
         first append, and its header file names the generation, so this keeps the
         thread's own protocol rather than the run journal's.
+
+        When syncing on Linux, the log is open with ``O_DSYNC``: the ``write`` returns once
+        the record and the size it reaches are durable, as ``write`` + ``fdatasync``
+        would, in one system call (and one release of the GIL, not two: each
+        release lets a busy thread in, and getting the GIL back can take until
+        that thread blocks or the switch interval forces it out).
         """
         store, fs = self._journal, self._journal.fs
         name = _log_name(self._run_id, self._generation)
-        dir_fd = store._directory_fd()
         new_log = self._log_fd is None and self._log_size == 0
         if self._log_fd is None:
-            flags = os.O_WRONLY | _NOFOLLOW | (os.O_CREAT | os.O_EXCL if new_log else 0)
-            try:
-                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
-            except Exception:
-                if not new_log:
-                    raise
-                # A log of this generation left by a process that died before its first
-                # append was flushed holds nothing that was ever acknowledged.
-                fs.unlink(name, dir_fd=dir_fd)
-                self._log_fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
-            fs.seek_end(self._log_fd)
+            self._log_fd = self._open_log(name, new_log=new_log)
         fd = self._log_fd
-        self._step(lambda: fs.write(fd, record), name)
+        end = self._log_size + len(record)
+        if end > self._reserved and self._reserving:
+            self._reserve(fd, end)
+        self._step(lambda: fs.write(fd, record), name, fatal=store.sync)
         faults.point("store.append.written")
-        if store.sync:
+        if store.sync and not _DSYNC:
             self._step(lambda: fs.datasync(fd), name, fatal=True)
-            if new_log:  # the log's directory entry must survive with its first record
-                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
-        self._log_size += len(record)
+        if store.sync and new_log:  # the log's directory entry must survive with its first record
+            dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+            self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+        self._log_size = end
         faults.point("store.append.synced")
+
+    def _open_log(self, name: str, *, new_log: bool) -> int:
+        store, fs = self._journal, self._journal.fs
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+        flags = os.O_WRONLY | _NOFOLLOW | (_DSYNC if store.sync else 0)
+        if new_log:
+            flags |= os.O_CREAT | os.O_EXCL
+        try:
+            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+        except Exception:
+            if not new_log:
+                raise
+            # A log of this generation left by a process that died before its first
+            # append was flushed holds nothing that was ever acknowledged.
+            fs.unlink(name, dir_fd=dir_fd)
+            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+        # The claim cut any tail after the last whole record: the end is where to write.
+        self._reserved = fs.seek_end(fd)
+        self._reserving = store.sync and self._threads.reserves_space()
+        return fd
+
+    def _reserve(self, fd: int, end: int) -> None:
+        """Reserve space past ``end`` (as much as the log holds, within bounds).
+
+        Best effort: where it fails (a full disk), appends go on growing the file,
+        and the write itself reports a full disk.
+        """
+        size = end + min(max(end, _MIN_RESERVE), _MAX_RESERVE)
+        try:
+            self._reserving = self._journal.fs.allocate(fd, self._log_size, size - self._log_size)
+        except OSError as exc:
+            log.info("could not reserve space for thread %s: %s", self.thread_id, exc)
+            self._reserving = False
+            return
+        if self._reserving:
+            self._reserved = size
+
+    def _give_back(self) -> None:
+        """Cut the reserved space this handle did not use (zeros; no sync needed)."""
+        fd = self._log_fd
+        if fd is None or self._reserved <= self._log_size or self._broken is not None:
+            return
+        try:
+            self._journal.fs.truncate(fd, self._log_size)
+        except OSError as exc:  # the zeros read as the end of the log: nothing is lost
+            log.info("could not trim thread %s's log: %s", self.thread_id, exc)
+        self._reserved = self._log_size
+
+    def close_sync(self) -> None:
+        """Give back unused reserved space, then release the log and the lock."""
+        self._give_back()
+        super().close_sync()
 
     def append(self, record: Record) -> None:
         """Make one record durable at the end of the log, then apply it to the index."""
@@ -508,8 +626,7 @@ class ThreadLog(JournalRun):
         try:
             self._append(b"".join(frame(record) for record in records))
             faults.point("langgraph.rewrite.log_synced")
-            header = _Header(format=FORMAT, thread_id=self.thread_id, generation=old + 1)
-            self._write_snapshot(_header_encoder.encode(header))
+            self._write_snapshot(_header(self.thread_id, old + 1))
         except BaseException as exc:
             # The header on disk may name either generation now: this handle must not
             # append again. The saver drops it; a new claim reads what the disk says.
@@ -517,7 +634,7 @@ class ThreadLog(JournalRun):
             raise
         if old:
             with suppress(FileNotFoundError):
-                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())
+                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         faults.point("langgraph.rewrite.done")
         index = Index()
         for record in records:
@@ -530,7 +647,7 @@ class ThreadLog(JournalRun):
         """Remove the thread: its header first (durably), then its logs. The lock stays."""
         self._check_usable()
         store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         name = self._run_id + _HEADER_SUFFIX
         if self._log_fd is not None:
             fs.close(self._log_fd)
@@ -540,7 +657,7 @@ class ThreadLog(JournalRun):
         if store.sync:
             self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
         faults.point("langgraph.delete.header_removed")
-        store._remove_stale_logs(self._run_id, -1, dir_fd)
+        store._remove_stale_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         self.index = Index()
         self.exists = False
         self.previous.clear()

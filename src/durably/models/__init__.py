@@ -34,7 +34,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -119,7 +119,7 @@ class Delta:
     """The called tool's name, with ``call_id``."""
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["text-delta", "arguments-delta"]:
         """The loop's event kind for this piece: ``text-delta`` or ``arguments-delta``."""
         return "text-delta" if self.call_id is None else "arguments-delta"
 

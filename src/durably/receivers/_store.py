@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import hashlib
+import logging
 import os
 import random
 import secrets
@@ -57,6 +58,8 @@ __all__ = [
     "scoped_key",
     "valid_key",
 ]
+
+log = logging.getLogger("durably.receivers")
 
 _T = TypeVar("_T")
 
@@ -345,19 +348,35 @@ def _make_private(path: Path) -> None:
 
 
 def _retry_while_busy(set_up: Callable[[], None], *, path: Path) -> None:
-    """Run ``set_up``, retrying ``database is locked`` with growing, jittered waits."""
+    """Run ``set_up``, retrying ``database is locked`` with growing, jittered waits.
+
+    The retries are stamina's (``durably``'s one retry policy); this boundary only
+    judges what is worth another try (SQLite busy or locked, for up to
+    :data:`_BUSY_TIMEOUT`) and how long to wait, in stamina's backoff hook.
+    """
+    import stamina
+
     deadline = time.monotonic() + _BUSY_TIMEOUT
     pause = 0.01
-    while True:
-        try:
+
+    def backoff(exc: Exception) -> bool | float:
+        # stamina's backoff hook: a float is the wait before the next try, False gives up.
+        nonlocal pause
+        busy = isinstance(exc, sqlite3.OperationalError) and (
+            "locked" in str(exc) or "busy" in str(exc)
+        )
+        if not busy or time.monotonic() >= deadline:
+            return False
+        wait = random.uniform(pause / 2, pause)  # noqa: S311 -- spreads retries; not a secret
+        pause = min(pause * 2, 0.5)
+        log.info("%s: %s; setting it up again in %.3f s", path, exc, wait)
+        return wait
+
+    for attempt in stamina.retry_context(on=backoff, attempts=None, timeout=None):
+        with attempt:
             set_up()
             return
-        except sqlite3.OperationalError as exc:
-            busy = "locked" in str(exc) or "busy" in str(exc)
-            if not busy or time.monotonic() >= deadline:
-                raise
-        time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 -- spreads retries; not a secret
-        pause = min(pause * 2, 0.5)
+    raise AssertionError("unreachable: stamina ends with a return or an exception")
 
 
 def principal_digest(principal: str | bytes | None) -> str:

@@ -3,6 +3,9 @@
 Every backend offers the same two seams. A :class:`Store` creates, opens, reads
 and lists runs; opening hands back a :class:`RunHandle`, which owns the run
 exclusively until it is closed (or its process dies) and saves its state.
+
+Both have one lifecycle: an async ``close`` and ``async with``. The file stores
+also offer ``close_sync`` for callers without an event loop.
 """
 
 from __future__ import annotations
@@ -66,3 +69,16 @@ class Store(Protocol):
     def describe(self, run_id: str) -> str:
         """Where the run lives, for messages (a file path, a table row)."""
         ...
+
+    async def close(self) -> None:
+        """Free what the store holds (a directory descriptor, a connection pool).
+
+        Handles opened from the store stay usable until they are closed, and a
+        store used again after ``close`` opens what it needs again. Closing twice
+        is harmless. ``async with store:`` closes it on the way out.
+        """
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...

@@ -1,4 +1,4 @@
-"""The checksummed envelope a snapshot is written in.
+r"""The checksummed envelope a snapshot is written in.
 
 A snapshot file is one JSON object: ``{"durably": 1, "crc32": N, "state": {...}}``.
 The checksum covers the exact bytes of ``state``, so a torn write or garbage
@@ -10,7 +10,7 @@ it. That number decides what the checkpoint means (which log is replayed, which
 ones are stale), so it is covered by the checksum too: such a snapshot is
 written as envelope version 3 (or 2, before its log could hold keyed changes:
 see :mod:`durably.stores.journal`), ``{"durably": 3, "crc32": N, "journal": G,
-"state": {...}}``, whose checksum is the CRC-32 of ``journal G\\n`` and ``state``
+"state": {...}}``, whose checksum is the CRC-32 of ``journal G\n`` and ``state``
 together. Version 1 with a ``journal`` field (written before version 2 existed)
 is still read; the journal store rewrites it at its next save.
 

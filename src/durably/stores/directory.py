@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ..errors import WrongStore
 from ..state import RunState
@@ -61,7 +61,17 @@ class DirectoryStore:
         """The path of the run's state file."""
         return self._journal.describe(run_id)
 
-    def close(self) -> None:
-        """Close the directory descriptors."""
-        self._snapshot.close()
-        self._journal.close()
+    async def close(self) -> None:
+        """Close the directory descriptors (see :meth:`FileStore.close`)."""
+        self.close_sync()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def close_sync(self) -> None:
+        """Blocking form of :meth:`close`, for callers without an event loop."""
+        self._snapshot.close_sync()
+        self._journal.close_sync()

@@ -17,7 +17,6 @@ synced again and the handle refuses further saves.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from .._sysio import (
     is_network_fs,
     is_regular,
     is_temp_name,
+    logger,
     replace_file,
 )
 from ..errors import (
@@ -49,8 +49,6 @@ from ._envelope import Opened, Sealer, open_sealed
 from ._guard import check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
-
-log = logging.getLogger("durably.store")
 
 _T = TypeVar("_T")
 _NOFOLLOW = os.O_NOFOLLOW
@@ -178,8 +176,25 @@ class FileStore:
             if name.endswith(_STATE_SUFFIX) and not name.startswith(".")
         )
 
-    def close(self) -> None:
-        """Close the directory descriptor (handles keep their own lock descriptors)."""
+    async def close(self) -> None:
+        """Close the store's directory descriptor.
+
+        Handles keep their own lock descriptors and stay usable, and the store
+        opens its directory again if it is used after this. Closing twice is harmless.
+        """
+        self.close_sync()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def close_sync(self) -> None:
+        """Blocking form of :meth:`close`, for callers without an event loop.
+
+        The sweeps and the LangGraph saver's sync API call it.
+        """
         if self._dir_fd is not None:
             self.fs.close(self._dir_fd)
             self._dir_fd = None
@@ -265,7 +280,7 @@ class FileStore:
                     self.fs.unlink(name, dir_fd=dir_fd)
                 except FileNotFoundError:
                     continue
-                log.info("removed %s left by a save that never finished", name)
+                logger("durably.store").info("removed %s left by a save that never finished", name)
 
     def _remove_orphaned_temp_files(self, dir_fd: int) -> None:
         """Remove temp files of runs whose first save never finished (no state file).
@@ -427,19 +442,19 @@ class FileRun:
         store = self._store
         lock_name = self._run_id + _LOCK_SUFFIX
         try:
-            info = store.fs.lstat(lock_name, dir_fd=store._directory_fd())
+            info = store.fs.lstat(lock_name, dir_fd=store._directory_fd())  # noqa: SLF001 -- the run handle is part of its store (same module)
         except OSError:
             info = None
         if info is None or (info.st_dev, info.st_ino) != self._lock_inode:
             self._broken = "the lock file was deleted or replaced while held"
-            raise LockLost(run_id=self._run_id, path=store._path(lock_name))
+            raise LockLost(run_id=self._run_id, path=store._path(lock_name))  # noqa: SLF001 -- the run handle is part of its store (same module)
 
     def _write_snapshot(self, data: bytes) -> None:
         """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""
         store = self._store
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (same module)
         name = self._run_id + _STATE_SUFFIX
-        store._refuse_symlink(name, dir_fd)
+        store._refuse_symlink(name, dir_fd)  # noqa: SLF001 -- the run handle is part of its store (same module)
         replace_file(
             store.fs,
             dir_fd,
@@ -458,9 +473,9 @@ class FileRun:
         reason = f"{os.strerror(exc.errno or 0)} on {name}"
         if fatal:
             self._broken = reason
-            self._store.close()
+            self._store.close_sync()
         if exc.errno == errno.ELOOP or isinstance(exc, FileExistsError):
-            return UnsafePath(path=self._store._path(name), reason="something is in the way")
+            return UnsafePath(path=self._store._path(name), reason="something is in the way")  # noqa: SLF001 -- the run handle is part of its store (same module)
         return SaveFailed(
             run_id=self._run_id, path=self._store.describe(self._run_id), reason=reason
         )

@@ -47,7 +47,6 @@ docs/design.md ("What the journal detects") lists what is and is not detected.
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 import time
@@ -60,14 +59,12 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem
+from .._sysio import FileSystem, logger
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, check_ranges, utcnow
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
-
-log = logging.getLogger("durably.store")
 
 _MAGIC = b"\xd7DJr"
 _HEADER = struct.Struct("<4sII")
@@ -266,7 +263,7 @@ class JournalStore(FileStore):
         state, generation = opened.state, opened.journal
         if generation == 0:  # a snapshot-store run: nothing to replay
             if isinstance(owner, JournalRun):
-                owner._adopt(state, generation=0, log_size=0, snapshot_size=snapshot_size, seq=0)
+                owner._adopt(state, generation=0, log_size=0, snapshot_size=snapshot_size, seq=0)  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
             return state
         name = _log_name(run_id, generation)
         path = self._path(name)
@@ -290,12 +287,12 @@ class JournalStore(FileStore):
         check_ranges(state, path=path)
         if isinstance(owner, JournalRun):
             if valid < len(data):
-                owner._cut_tail(name, valid)  # a torn tail that never finished its flush
+                owner._cut_tail(name, valid)  # noqa: SLF001 -- the store sets up the handle it has just made (same module); a torn tail that never finished its flush
             self._remove_stale_logs(run_id, generation, dir_fd)
-            owner._adopt(
+            owner._adopt(  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
                 state, generation=generation, log_size=valid, snapshot_size=snapshot_size, seq=seq
             )
-            owner._fresh = not keyed  # rewrite an older snapshot as version 3 first
+            owner._fresh = not keyed  # noqa: SLF001 -- the store sets up the handle it has just made (same module); rewrite an older snapshot as version 3 first
         return state
 
     def _check_other_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
@@ -601,7 +598,7 @@ class JournalRun(FileRun):
     def _append(self, record: bytes) -> None:
         store, fs = self._journal, self._journal.fs
         name = _log_name(self._run_id, self._generation)
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         if self._log_fd is None:
             # Compaction made this log with its header; it is never created here.
             self._log_fd = self._step(
@@ -636,13 +633,15 @@ class JournalRun(FileRun):
             # as many disks at every crash point and learn nothing new.
             os.pwrite(fd, _watermark(generation, seq), 0)
         except OSError as exc:  # the save itself is durable: only the detection aid is lost
-            log.warning("could not write the watermark of run %s: %s", self._run_id, exc)
+            logger("durably.store").warning(
+                "could not write the watermark of run %s: %s", self._run_id, exc
+            )
 
     def _new_log(self, generation: int) -> int:
         """Create generation ``generation``'s log holding its synced header record."""
         store, fs = self._journal, self._journal.fs
         name = _log_name(self._run_id, generation)
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK
         try:
             fd = fs.open(name, flags, 0o600, dir_fd=dir_fd)
@@ -652,7 +651,7 @@ class JournalRun(FileRun):
             fs.unlink(name, dir_fd=dir_fd)
             fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         except OSError as exc:
-            raise self._store._translate(exc, name, self._run_id) from exc
+            raise self._store._translate(exc, name, self._run_id) from exc  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         try:
             header = _record_encoder.encode(_Record(seq=0, run=self._run_id, gen=generation))
             self._step(lambda: fs.write(fd, _frame(header)), name)
@@ -687,7 +686,7 @@ class JournalRun(FileRun):
             # Only now, after the new snapshot's directory sync: removing the old log
             # earlier could lose acknowledged saves if the rename were undone.
             with suppress(FileNotFoundError):
-                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())
+                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         faults.point("store.compact.done")
         self._generation, self._seq = generation, 0
         self._log_size = _HEADER.size + len(
@@ -700,7 +699,7 @@ class JournalRun(FileRun):
 
     def _cut_tail(self, name: str, size: int) -> None:
         store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()
+        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         fd = self._step(lambda: fs.open(name, os.O_WRONLY | _NOFOLLOW, 0o600, dir_fd=dir_fd), name)
         try:
             fs.truncate(fd, size)

@@ -4,29 +4,38 @@ See :mod:`durably.sweep.core` for how scenarios are built and judged,
 :mod:`durably.sweep.powerloss` for the power-cut model of the file store and
 the workspace, :mod:`durably.sweep.syscalls` for the sweep that kills at every
 disk-changing system call, and :mod:`durably.sweep.randomkill` for the one that
-kills the demo at random instants.
+kills the demo at random instants. :mod:`durably.sweep.tree` keeps a directory
+tree in memory and lays it down again (a scenario's disk, a job's fresh world).
 """
 
 from .core import CONFIGS as CONFIGS
+from .core import RUN_ID as RUN_ID
 from .core import Config as Config
 from .core import Row as Row
 from .core import ScenarioResult as ScenarioResult
+from .core import StoreFactory as StoreFactory
+from .core import SweepApprover as SweepApprover
 from .core import SweepJob as SweepJob
 from .core import SweepReport as SweepReport
 from .core import Workers as Workers
 from .core import World as World
 from .core import assert_clean as assert_clean
 from .core import digest_files as digest_files
+from .core import run_in_child as run_in_child
 from .core import run_sweep as run_sweep
+from .core import scratch_root as scratch_root
 from .randomkill import run_random_sweep as run_random_sweep
 from .syscalls import assert_syscalls_clean as assert_syscalls_clean
 from .syscalls import run_syscall_sweep as run_syscall_sweep
 
 __all__ = [
     "CONFIGS",
+    "RUN_ID",
     "Config",
     "Row",
     "ScenarioResult",
+    "StoreFactory",
+    "SweepApprover",
     "SweepJob",
     "SweepReport",
     "Workers",
@@ -34,7 +43,9 @@ __all__ = [
     "assert_clean",
     "assert_syscalls_clean",
     "digest_files",
+    "run_in_child",
     "run_random_sweep",
     "run_sweep",
     "run_syscall_sweep",
+    "scratch_root",
 ]

@@ -56,19 +56,24 @@ from ..models import CallLog
 from ..state import Effect, Phase, RunState
 from ..stores.file import FileStore
 from ..tools import Found, Lookup, Tool, ToolContext
-from ._tree import Tree, Uncopyable
+from .tree import Tree, Uncopyable
 
 __all__ = [
     "CONFIGS",
+    "RUN_ID",
     "Config",
     "Row",
     "ScenarioResult",
+    "StoreFactory",
+    "SweepApprover",
     "SweepJob",
     "SweepReport",
     "Workers",
     "World",
     "assert_clean",
+    "run_in_child",
     "run_sweep",
+    "scratch_root",
 ]
 
 StoreFactory = Callable[[Path], FileStore]
@@ -76,6 +81,17 @@ StoreFactory = Callable[[Path], FileStore]
 
 RUN_ID = "sweep-run"
 MAX_RESTARTS = 6
+
+
+def scratch_root() -> str | None:
+    """Where scenario worlds live: ``/dev/shm`` when writable, else the system's temp directory.
+
+    A RAM-backed file system keeps the sweep's many small writes, renames and
+    removals off the disk (on ext4 a rename over a file starts its write-back),
+    and a killed process leaves the same files there as anywhere else.
+    """
+    shm = Path("/dev/shm")  # noqa: S108 - each scenario makes its own private directory in it
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +193,7 @@ class World:
         try:
             return store.read_sync(RUN_ID)
         finally:
-            store.close()
+            store.close_sync()
 
     def has_run(self) -> bool:
         """Whether the run was created (its start save returned)."""
@@ -185,7 +201,7 @@ class World:
         try:
             return RUN_ID in store.list_runs_sync()
         finally:
-            store.close()
+            store.close_sync()
 
 
 class SweepJob(Protocol):
@@ -226,16 +242,22 @@ class SweepJob(Protocol):
         ...
 
 
-class _SweepApprover:
-    """Approves every call; answers in-doubt questions from the job's oracle, logging each."""
+class SweepApprover:
+    """Approves every call; answers in-doubt questions from the job's oracle, logging each.
+
+    The approver every process of a sweep runs with; a benchmark or a job's own
+    test that runs the job as a scenario's process does uses it too.
+    """
 
     def __init__(self, job: SweepJob, world: World) -> None:
         self.job, self.world = job, world
 
     async def approve(self, request: ApprovalRequest) -> Yes:
+        """Yes, always: the sweep judges durability, not a person's choices."""
         return Yes()
 
     async def resolve(self, request: ResolveRequest) -> Rerun | Done:
+        """The job's oracle's answer; the question is logged in the world first."""
         with self.world.questions_log.open("a") as out:
             out.write(json.dumps({"call_id": request.call_id, "tool": request.tool}) + "\n")
         return self.job.oracle(self.world, request)
@@ -244,8 +266,12 @@ class _SweepApprover:
 # -- child processes -----------------------------------------------------------------
 
 
-def _fork(body: Callable[[], None]) -> int:
-    """Run ``body`` in a forked child; return its wait status (SIGKILL shows as signalled)."""
+def run_in_child(body: Callable[[], None]) -> int:
+    """Run ``body`` in a forked child; return its wait status (SIGKILL shows as signalled).
+
+    How every process of a scenario runs: a child of this (warm) process that
+    exits with 0, or 1 after printing what ``body`` raised, or dies by a signal.
+    """
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         code = 0
@@ -275,9 +301,13 @@ def _process(
     disk at each are written there; ``window_only`` stops fingerprinting once
     the recovery window (see :func:`_window`) has closed and the disk changed.
     """
+    # A crash before the start save returned leaves no run: the next process starts it.
+    # Asked here, in the warm parent, where it costs no copied pages: nothing runs
+    # between this look and the child's start.
+    start = first or not world.has_run()
 
     def body() -> None:
-        agent = job.agent(world, _SweepApprover(job, world))
+        agent = job.agent(world, SweepApprover(job, world))
         prints: list[str] = []
         # "open", then "closing" after the window's last point (its fingerprint
         # still counts the equal points after it), then "closed" once the disk changes.
@@ -297,8 +327,6 @@ def _process(
 
         if record is not None:
             plan.on_point = fingerprint
-        # A crash before the start save returned leaves no run: the next process starts it.
-        start = first or not world.has_run()
         with faults.installed(plan):
             if start:
                 asyncio.run(agent.run(job.task(), run_id=RUN_ID))
@@ -307,7 +335,7 @@ def _process(
         if record is not None:
             record.write_text(json.dumps({"labels": plan.reached, "prints": prints}))
 
-    return _fork(body)
+    return run_in_child(body)
 
 
 def _killed(status: int) -> bool:
@@ -408,7 +436,7 @@ def _run_group(
     for every second crash (most of a scenario's cost) proves nothing more.
     """
     first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers, group.merge)
-    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch) / "world", config=group.config, store_factory=store)
         world.root.mkdir()
         job.prepare(world)
@@ -439,7 +467,7 @@ def _run_scenario(
     job: SweepJob, spec: _Spec, reference: Counter[str], store: StoreFactory | None
 ) -> ScenarioResult:
     """One scenario in a fresh world: the first process killed, then the restarts."""
-    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch), config=spec.config, store_factory=store)
         job.prepare(world)
         error = _first_process(job, world, spec.first)
@@ -472,6 +500,7 @@ def _restart_and_judge(
     paid_twice = 0
     restart_record: dict[str, Any] | None = None
     finished = False
+    final: RunState | None = None
     for restart in range(1, MAX_RESTARTS + 1):
         saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
@@ -487,9 +516,12 @@ def _restart_and_judge(
         if status != 0:
             error = error or f"restart {restart} failed (status {status})"
             break
-        finished = world.read().phase is Phase.DONE
+        final = world.read()
+        finished = final.phase is Phase.DONE
         break
-    return _judge(job, world, spec, reference, finished, paid_twice, restart_record, error)
+    return _judge(
+        job, world, spec, reference, finished, paid_twice, restart_record, error, state=final
+    )
 
 
 def _saved_turns(world: World) -> int:
@@ -508,7 +540,10 @@ def _judge(
     paid_twice: int,
     restart_record: dict[str, Any] | None,
     error: str | None,
+    *,
+    state: RunState | None = None,
 ) -> ScenarioResult:
+    """Judge the world a scenario left; ``state``, if given, is its saved state, read already."""
     effects = job.effects(world)
     duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
     lost = sum(max(0, n - effects[e]) for e, n in reference.items())
@@ -518,7 +553,7 @@ def _judge(
     failed: list[str] = []
     steps: Counter[str] = Counter()
     try:
-        state = world.read()
+        state = state if state is not None else world.read()
         failed = job.checks(world, state) if finished else ["run did not finish"]
         steps = Counter(f"step {r.step} {r.outcome}" for r in state.resolutions.values())
     except Exception as exc:
@@ -556,7 +591,7 @@ def _record_points(
     job: SweepJob, config: Config, store: StoreFactory | None
 ) -> tuple[list[str], list[str], Counter[str]]:
     """Run the job once without crashing: its crash points, fingerprints and effects."""
-    with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch), config=config, store_factory=store)
         job.prepare(world)
         record = world.root / "points.json"
@@ -717,10 +752,10 @@ def _warm_up(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
     a pool initializer that raises makes the pool start workers forever.
     """
     try:
-        with tempfile.TemporaryDirectory(prefix="durably-sweep-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
             world = World(root=Path(scratch), config=config, store_factory=store)
             job.prepare(world)
-            agent = job.agent(world, _SweepApprover(job, world))
+            agent = job.agent(world, SweepApprover(job, world))
             asyncio.run(agent.run(job.task(), run_id=RUN_ID))
     except Exception:
         traceback.print_exc()

@@ -1,13 +1,16 @@
 """The random sweep: SIGKILL the real demo at random wall-clock instants, several times a run.
 
 Neither labels nor system calls choose the instant: a clock does. Each run of
-the sweep is the triage demo as a user runs it (``durably triage --approve off
---model replay``, a fresh interpreter per process, on its own state
-directory), killed at up to ``kills`` random instants, each in a new process
-(so a kill can fall during a restart's recovery as well as during the first
-process), then run again unkilled until it finishes. It must end with all of
-its checks passed and, at the receivers (the tracker and the patch ledger),
-exactly the effects of an uncrashed run: nothing duplicated, nothing lost.
+the sweep is a job's command as a user runs it (for the triage demo,
+``durably triage --approve off --model replay``: a fresh interpreter per
+process, on its own state directory), killed at up to ``kills`` random
+instants, each in a new process (so a kill can fall during a restart's
+recovery as well as during the first process), then run again unkilled until
+it finishes. It must end with all of its checks passed and, at the receivers
+(for the demo, the tracker and the patch ledger), exactly the effects of an
+uncrashed run: nothing duplicated, nothing lost. The job (a :class:`DemoJob`,
+e.g. :class:`durably.triage.job.TriageDemo`) hands over the command and what a
+finished run left: its checks and its effects.
 
 An instant is drawn uniformly from the length of one uncrashed process
 (measured at the start of the sweep): a kill that would fall after the
@@ -19,13 +22,12 @@ where in the program they land.
 
 from __future__ import annotations
 
-import json
 import os
 import random
+import shlex
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -33,13 +35,37 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["RandomReport", "RandomRun", "run_random_sweep"]
+__all__ = ["DemoJob", "DemoOutcome", "RandomReport", "RandomRun", "run_random_sweep"]
 
 STORES: tuple[str, ...] = ("journal", "snapshot")
 _FINISH_ATTEMPTS = 4
 _PROCESS_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOutcome:
+    """What a finished run left: its checks' verdicts and the effects its receivers performed."""
+
+    checks: tuple[tuple[str, bool, str], ...]
+    """(name, passed, reason if not) for every check of the job's catalog."""
+    effects: Counter[str]
+    """Every side effect the receivers performed, as a multiset of descriptions."""
+
+
+class DemoJob(Protocol):
+    """What the random sweep needs from a job: the command a user runs, and how to judge it."""
+
+    name: str
+
+    def command(self, state: Path, store: str) -> list[str]:
+        """The command that starts the run kept under ``state`` on ``store``, or resumes it."""
+        ...
+
+    def outcome(self, state: Path) -> DemoOutcome | None:
+        """What the finished run under ``state`` left, or None if no run there finished."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +101,7 @@ class RandomRun:
 class RandomReport:
     """Every run of a random sweep."""
 
-    task: str
+    job: str
     seed: int
     runs: tuple[RandomRun, ...]
     plain_seconds: float
@@ -99,7 +125,7 @@ class RandomReport:
     def text(self) -> str:
         """One line per run, then the totals."""
         lines = [
-            f"random sweep of triage {self.task}: seed {self.seed}, {len(self.runs)} runs, "
+            f"random sweep of {self.job}: seed {self.seed}, {len(self.runs)} runs, "
             f"instants drawn from 0-{self.plain_seconds:.2f} s",
             f"{'run':>3} {'store':<8} {'kills':>5} {'checks':>7} {'duplicates':>10} {'lost':>4}"
             "  instants (s)",
@@ -119,34 +145,15 @@ class RandomReport:
     def to_json(self) -> dict[str, Any]:
         """The runs, for machines."""
         return {
-            "task": self.task,
+            "job": self.job,
             "seed": self.seed,
             "plain_seconds": self.plain_seconds,
             "runs": [asdict(r) | {"clean": r.clean} for r in self.runs],
         }
 
 
-def _command(task: str, state: Path, store: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "durably",
-        "triage",
-        "--task",
-        task,
-        "--approve",
-        "off",
-        "--model",
-        "replay",
-        "--store",
-        store,
-        "--state",
-        str(state),
-    ]
-
-
 def _environment() -> dict[str, str]:
-    """The demo's environment: no provider key, so only the recording answers."""
+    """The command's environment: no provider key, so only a recording can answer."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env["PYTHONHASHSEED"] = "0"
     return env
@@ -168,37 +175,27 @@ def _process(command: Sequence[str], kill_at: float | None) -> tuple[bool, int, 
         if kill_at is None:
             process.kill()
             process.wait()
-            raise RuntimeError(f"{command[3]} did not finish in {_PROCESS_TIMEOUT} s") from None
+            raise RuntimeError(
+                f"{shlex.join(command)} did not finish in {_PROCESS_TIMEOUT} s"
+            ) from None
         process.send_signal(signal.SIGKILL)
         process.wait()
         return True, process.returncode, time.monotonic() - started
     return False, process.returncode, time.monotonic() - started
 
 
-def _world(state: Path) -> Path | None:
-    worlds = sorted((state / "worlds").glob("*/checks.json"))
-    return worlds[-1].parent if worlds else None
-
-
-def _effects(world_dir: Path) -> Counter[str]:
-    from ..triage.job import world_effects
-    from ..triage.world import World
-
-    return world_effects(World.open(world_dir))
-
-
-def _reference(task: str, store: str, scratch: str | None) -> tuple[Counter[str], float]:
+def _reference(job: DemoJob, store: str, scratch: str | None) -> tuple[Counter[str], float]:
     with tempfile.TemporaryDirectory(prefix="durably-random-", dir=scratch) as tmp:
         state = Path(tmp) / "state"
-        _, code, seconds = _process(_command(task, state, store), None)
-        world = _world(state)
-        if code != 0 or world is None:
-            raise RuntimeError(f"the demo on the {store} store did not finish (exit {code})")
-        return _effects(world), seconds
+        _, code, seconds = _process(job.command(state, store), None)
+        outcome = job.outcome(state)
+        if code != 0 or outcome is None:
+            raise RuntimeError(f"{job.name} on the {store} store did not finish (exit {code})")
+        return outcome.effects, seconds
 
 
 def _one_run(
-    task: str,
+    job: DemoJob,
     run: int,
     store: str,
     seed: int,
@@ -213,7 +210,7 @@ def _one_run(
     error: str | None = None
     with tempfile.TemporaryDirectory(prefix="durably-random-", dir=scratch) as tmp:
         state = Path(tmp) / "state"
-        command = _command(task, state, store)
+        command = job.command(state, store)
         code = None
         for instant in instants:
             killed, code, _ = _process(command, instant)
@@ -224,18 +221,17 @@ def _one_run(
         while code != 0 and attempts < _FINISH_ATTEMPTS:
             _, code, _ = _process(command, None)
             attempts += 1
-        world = _world(state)
+        outcome = job.outcome(state)
         failed: tuple[str, ...] = ()
         passed = total = 0
         duplicates = lost = 0
-        if world is None:
+        if outcome is None:
             error = f"the run never finished (last exit {code})"
         else:
-            checks = json.loads((world / "checks.json").read_text())
-            total = len(checks)
-            passed = sum(1 for c in checks if c["ok"])
-            failed = tuple(f"{c['name']}: {c['reason']}" for c in checks if not c["ok"])
-            effects = _effects(world)
+            total = len(outcome.checks)
+            passed = sum(1 for _, ok, _ in outcome.checks if ok)
+            failed = tuple(f"{name}: {reason}" for name, ok, reason in outcome.checks if not ok)
+            effects = outcome.effects
             duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
             lost = sum(max(0, n - effects[e]) for e, n in reference.items())
             if code != 0 and not failed:
@@ -255,8 +251,8 @@ def _one_run(
 
 
 def run_random_sweep(
+    job: DemoJob,
     *,
-    task: str = "m1-done-after-delete",
     runs: int = 20,
     kills: int = 6,
     seed: int = 0,
@@ -265,10 +261,10 @@ def run_random_sweep(
     progress: Callable[[int, int], None] | None = None,
     scratch: str | None = None,
 ) -> RandomReport:
-    """Kill the demo at random instants; see the module docstring.
+    """Kill a job's command at random instants; see the module docstring.
 
     Args:
-        task: the triage task.
+        job: what to run and judge, e.g. ``TriageDemo("m1-done-after-delete")``.
         runs: how many runs (they alternate between ``stores``).
         kills: at most this many kills per run (each run draws 1 to ``kills``).
         seed: makes the instants reproducible.
@@ -285,7 +281,7 @@ def run_random_sweep(
     references: dict[str, Counter[str]] = {}
     seconds: list[float] = []
     for store in stores:
-        references[store], plain = _reference(task, store, scratch)
+        references[store], plain = _reference(job, store, scratch)
         seconds.append(plain)
     plain = statistics.median(seconds)
     results: list[RandomRun] = []
@@ -293,7 +289,7 @@ def run_random_sweep(
         futures = [
             pool.submit(
                 _one_run,
-                task,
+                job,
                 run,
                 stores[run % len(stores)],
                 seed,
@@ -308,4 +304,4 @@ def run_random_sweep(
             results.append(future.result())
             if progress is not None:
                 progress(len(results), runs)
-    return RandomReport(task=task, seed=seed, runs=tuple(results), plain_seconds=plain)
+    return RandomReport(job=job.name, seed=seed, runs=tuple(results), plain_seconds=plain)

@@ -76,8 +76,8 @@ from typing import Any
 from .. import faults
 from ..state import Phase
 from . import core
-from ._tree import Tree, Uncopyable
 from .core import RUN_ID, Config, ScenarioResult, StoreFactory, SweepJob, SweepReport, World
+from .tree import Tree, Uncopyable
 
 __all__ = [
     "KINDS",
@@ -264,7 +264,7 @@ def _tracer_attached(pid: int) -> bool:
 
 
 def _mark_window(label: str) -> None:
-    if label == core._WINDOW_END:
+    if label == core._WINDOW_END:  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
         with contextlib.suppress(OSError):
             os.statvfs(WINDOW_MARK)
 
@@ -286,7 +286,7 @@ def _traced(job: SweepJob, world: World, *, first: bool, strace: Sequence[str]) 
             if os.read(ready, 1) != b"1":
                 raise RuntimeError("strace never attached")
             os.close(ready)
-            agent = job.agent(world, core._SweepApprover(job, world))
+            agent = job.agent(world, core.SweepApprover(job, world))
             start = first or RUN_ID not in world.store().list_runs_sync()
 
             async def main() -> None:
@@ -388,16 +388,16 @@ def _restarts(
     error: str | None = None
     first_status = -1
     for restart in range(1, core.MAX_RESTARTS + 1):
-        saved_turns, asked = core._saved_turns(world), len(log.turns(RUN_ID))
+        saved_turns, asked = core._saved_turns(world), len(log.turns(RUN_ID))  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
         if restart == 1 and traced_first is not None:
             status = _traced(job, world, first=False, strace=traced_first)
         else:
-            status = core._process(job, world, first=False, plan=faults.CrashPlan(), record=None)
+            status = core._process(job, world, first=False, plan=faults.CrashPlan(), record=None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
         if restart == 1:
             first_status = status
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
         if restart == 1 and expect_kill:
-            if core._killed(status):
+            if core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
                 continue
             error = f"{_NOT_KILLED} where planned (status {status})"
         if status != 0:
@@ -421,7 +421,7 @@ def _scenario(
     finished, paid_twice, restart_error, _ = _restarts(
         job, world, traced_first=traced_first, expect_kill=expect_kill
     )
-    return core._judge(
+    return core._judge(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
         job, world, spec, reference, finished, paid_twice, None, error or restart_error
     )
 
@@ -432,7 +432,7 @@ def _run_group(
     """One first kill, its scenario, and (depth 2) every second kill of its first restart."""
     outcome = _Outcome()
     config = Config(name=group.store)
-    first = core._Spec(
+    first = core._Spec(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
         config, 1, group.index, None, (_label(group.kind, group.index),), group.covers
     )
     with tempfile.TemporaryDirectory(
@@ -448,10 +448,10 @@ def _run_group(
             world.root.mkdir()
             job.prepare(world)
             status = _traced(job, world, first=True, strace=inject)
-            if core._killed(status):
+            if core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
                 break
         error = None
-        if not core._killed(status):
+        if not core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
             error = f"the first process was not killed at {first.labels[0]} (status {status})"
         if group.depth < 2:
             outcome.results.append(_scenario(job, world, first, reference, error=error))
@@ -479,7 +479,7 @@ def _run_group(
             depth=2,
         )
         for head, calls in heads:
-            spec = core._Spec(
+            spec = core._Spec(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
                 config,
                 2,
                 group.index,
@@ -614,12 +614,6 @@ def strace_available() -> bool:
     return shutil.which("strace") is not None
 
 
-def _default_scratch() -> str | None:
-    """A RAM-backed directory when there is one: real fsyncs there cost nothing."""
-    shm = Path("/dev/shm")  # noqa: S108 - each scenario makes its own private directory in it
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
 def _count(
     job: SweepJob, store_name: str, store: StoreFactory, scratch_root: str | None
 ) -> tuple[Trace, Counter[str]]:
@@ -668,7 +662,7 @@ def run_syscall_sweep(
         raise ValueError("give at least one store to sweep")
     if not strace_available():
         raise RuntimeError("the system-call sweep needs strace (apt-get install strace)")
-    scratch_root = scratch if scratch is not None else _default_scratch()
+    scratch_root = scratch if scratch is not None else core.scratch_root()
     results: list[ScenarioResult] = []
     kinds: Counter[tuple[str, int, str, str]] = Counter()
     unreachable: dict[str, int] = {}
@@ -676,7 +670,7 @@ def run_syscall_sweep(
     for name, store in stores.items():
         settings = _Settings(name, store, scratch_root, sample, merge)
         task = functools.partial(_pool_item, job, settings)
-        with core._workers(jobs, job, Config(name=name), task, store) as run_all:
+        with core._workers(jobs, job, Config(name=name), task, store) as run_all:  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
             # Counted in a warm worker, like every scenario: a cold process makes
             # calls (lazy imports, caches) that a warm one never makes.
             ((trace, reference),) = list(run_all([None]))
@@ -767,9 +761,9 @@ def _settle(job: SweepJob, settings: _Settings) -> None:
         world = World(root=Path(scratch) / "world", config=config, store_factory=settings.store)
         world.root.mkdir()
         job.prepare(world)
-        core._process(job, world, first=True, plan=faults.CrashPlan(), record=None)
-        spec = core._Spec(config, 1, 0, None, (), 1)
-        core._judge(job, world, spec, Counter(), True, 0, None, None)
+        core._process(job, world, first=True, plan=faults.CrashPlan(), record=None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        spec = core._Spec(config, 1, 0, None, (), 1)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        core._judge(job, world, spec, Counter(), True, 0, None, None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
 
 
 def _pool_item(job: SweepJob, settings: _Settings, item: tuple[_Group, Counter[str]] | None) -> Any:

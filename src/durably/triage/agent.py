@@ -52,7 +52,7 @@ def replay_model(world: World, *, fickle: bool = False) -> ReplayModel:
 def build_agent(
     *,
     world: World,
-    store: Store,
+    store: Store | None,
     approver: Approver,
     model: Model | None = None,
     options: ToolOptions | None = None,
@@ -65,7 +65,8 @@ def build_agent(
 
     Args:
         world: the run's world (workspace, tracker).
-        store: where the run's checkpoints live.
+        store: where the run's checkpoints live; None for an agent that is given its
+            run's handle (a Postgres worker's).
         approver: answers approvals and in-doubt questions.
         model: the model (default: the task's recording).
         options: how the world's services behave (keys honoured, lookups).

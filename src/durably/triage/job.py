@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -14,15 +15,16 @@ from ..approval import Approver, Done, Rerun, ResolveRequest
 from ..loop import Agent
 from ..models import CallLog
 from ..state import RunState
-from ..sweep._tree import Tree
-from ..sweep.core import RUN_ID, digest_files
-from ..sweep.core import World as SweepWorld
+from ..sweep import RUN_ID, digest_files
+from ..sweep import World as SweepWorld
+from ..sweep.randomkill import DemoOutcome
+from ..sweep.tree import Tree
 from .agent import build_agent, replay_model
 from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
 from .world import World, load_task
 
-__all__ = ["TriageJob", "world_effects"]
+__all__ = ["TriageDemo", "TriageJob", "world_effects"]
 
 # The sweep counts re-asked replies itself, telling a lost reply (asked again, as it
 # must be) from a saved one paid twice; the check's plain count cannot tell them apart.
@@ -160,9 +162,53 @@ class TriageJob:
         return int(count)
 
 
+class TriageDemo:
+    """The triage demo as the random sweep runs it: ``durably triage``, judged by its world.
+
+    Args:
+        task: the task's name.
+    """
+
+    def __init__(self, task: str = "m1-done-after-delete") -> None:
+        self.task = load_task(task).name  # an unknown task is refused here, not in a child
+        self.name = f"triage {task}"
+
+    def command(self, state: Path, store: str) -> list[str]:
+        """``durably triage`` on the recording, approvals off, the run kept under ``state``."""
+        return [
+            sys.executable,
+            "-m",
+            "durably",
+            "triage",
+            "--task",
+            self.task,
+            "--approve",
+            "off",
+            "--model",
+            "replay",
+            "--store",
+            store,
+            "--state",
+            str(state),
+        ]
+
+    def outcome(self, state: Path) -> DemoOutcome | None:
+        """The checks the command wrote when its run finished, and its world's effects."""
+        verdicts = sorted((state / "worlds").glob("*/checks.json"))
+        if not verdicts:
+            return None  # the command writes them only once its run is done
+        checks = json.loads(verdicts[-1].read_text())
+        return DemoOutcome(
+            checks=tuple((c["name"], bool(c["ok"]), c["reason"]) for c in checks),
+            effects=world_effects(World.open(verdicts[-1].parent)),
+        )
+
+
 def world_effects(triage_world: World) -> Counter[str]:
-    """Every effect the receivers of a world performed: issues by cause, comments by issue
-    and text, patches by file (from the patch ledger)."""
+    """Every effect the receivers of a world performed.
+
+    Issues by cause, comments by issue and text, patches by file (from the patch ledger).
+    """
     with triage_world.tracker(sync=False) as tracker:  # closed: a sweep opens thousands
         causes = {issue.number: issue.cause for issue in tracker.issues()}
         bodies = {comment.id: comment.body for comment in tracker.comments()}

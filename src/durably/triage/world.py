@@ -18,6 +18,7 @@ changes, and what a crash sweep inspects afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -181,13 +182,21 @@ def load_task(name: str) -> Task:
         raise UnknownTask(name=name)
     directory = resources.files("durably.triage").joinpath("tasks", name)
     try:
-        reports = msgspec.json.decode(
-            directory.joinpath("reports.json").read_bytes(), type=tuple[Report, ...]
-        )
-        expected = msgspec.json.decode(
-            directory.joinpath("expected.json").read_bytes(), type=_Expected
-        )
-    except (OSError, msgspec.DecodeError) as exc:
+        reports_bytes = directory.joinpath("reports.json").read_bytes()
+        expected_bytes = directory.joinpath("expected.json").read_bytes()
+    except OSError as exc:
+        raise WorldError(f"task {name!r} cannot be loaded: {exc}") from exc
+    # A run builds its agent, and the checks judge it, in every process the sweep
+    # starts: the files are read each time, their decoding and checking done once.
+    return _decoded_task(name, reports_bytes, expected_bytes)
+
+
+@functools.lru_cache(maxsize=16)
+def _decoded_task(name: str, reports_bytes: bytes, expected_bytes: bytes) -> Task:
+    try:
+        reports = msgspec.json.decode(reports_bytes, type=tuple[Report, ...])
+        expected = msgspec.json.decode(expected_bytes, type=_Expected)
+    except msgspec.DecodeError as exc:
         raise WorldError(f"task {name!r} cannot be loaded: {exc}") from exc
     task = Task(
         name=name, description=expected.description, reports=reports, groups=expected.groups
@@ -282,7 +291,7 @@ class World:
             )
         made_root = not world.root.exists()
         try:
-            world._lay_out(task, marker)
+            world._lay_out(task, marker)  # noqa: SLF001 -- the class's own constructor
         except (OSError, sqlite3.Error) as exc:
             if made_root:
                 shutil.rmtree(world.root, ignore_errors=True)

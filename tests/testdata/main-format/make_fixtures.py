@@ -48,11 +48,12 @@ def run(store: FileStore, run_id: str) -> RunState:
         state.phase = Phase.MODEL
         handle.save_sync(state)
     handle.close_sync()
-    store.close()
+    store.close_sync()
     return state
 
 
 def main() -> None:
+    """Write both stores' fixture runs afresh (see README.md beside this file)."""
     shutil.rmtree(OUT / "snapshot", ignore_errors=True)
     shutil.rmtree(OUT / "journal", ignore_errors=True)
     shutil.rmtree(WORK, ignore_errors=True)

@@ -113,7 +113,7 @@ class Tree:
 
 
 def _make_writable_and_retry(function: Callable[..., object], path: str, _: object) -> None:
-    """rmtree's error hook: a read-only directory (kept as it was) blocks removing its files."""
+    """Error hook of ``shutil.rmtree``: a read-only directory (kept) blocks removing its files."""
     parent = os.path.dirname(path)
     os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | stat.S_IRWXU)
     function(path)

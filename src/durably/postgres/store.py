@@ -21,9 +21,9 @@ clock is never compared with the database's.
   before any side effect.
 - Closing cancels the renewal and frees the lease.
 
-The schema is created and migrated by the library (:data:`MIGRATIONS`, applied
-in one transaction under a transaction-scoped advisory lock, recorded in
-``durably_schema``). ``docs/postgres.md`` describes the tables.
+The schema is created and migrated by the library (:mod:`durably.postgres.schema`)
+on a store's first statement. The work queue workers claim from is
+:mod:`durably.postgres.queue`. ``docs/postgres.md`` describes the tables.
 
 psycopg is imported when a store is made, never by ``import durably``.
 """
@@ -37,14 +37,13 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ..errors import (
     CheckpointCorrupt,
-    CheckpointTooNew,
     LeaseLost,
     Locked,
     RunExists,
@@ -54,7 +53,8 @@ from ..errors import (
 )
 from ..keys import validate_run_id
 from ..state import RunState, utcnow
-from ._envelope import Sealer, open_envelope, seal
+from ..stores._envelope import Sealer, open_envelope, seal
+from .schema import MIGRATIONS, migrate
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -63,12 +63,7 @@ if TYPE_CHECKING:
     Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
 
 __all__ = [
-    "MIGRATIONS",
-    "QUEUED",
-    "RUNS_TO_CLAIM",
-    "Claim",
     "Lease",
-    "Migration",
     "PostgresRun",
     "PostgresStore",
     "StoreStats",
@@ -78,47 +73,6 @@ __all__ = [
 log = logging.getLogger("durably.store")
 _T = TypeVar("_T")
 
-QUEUED = "queued"
-"""The ``phase`` column of a submitted run that no worker has started yet (no state)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Migration:
-    """One step of the schema; applied once, in order, recorded in ``durably_schema``."""
-
-    version: int
-    description: str
-    sql: str
-
-
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        version=1,
-        description="runs with their lease and the worker queue",
-        sql="""
-        CREATE TABLE durably_runs (
-            run_id     text PRIMARY KEY
-                       CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
-            agent      text,
-            task       text NOT NULL,
-            phase      text NOT NULL,
-            state      bytea,
-            created_at timestamptz NOT NULL DEFAULT now(),
-            saved_at   timestamptz,
-            owner      text,
-            token      bigint NOT NULL DEFAULT 0 CHECK (token >= 0),
-            expires_at timestamptz,
-            parked     text,
-            CHECK ((state IS NULL) = (phase = 'queued'))
-        );
-        CREATE INDEX durably_runs_claimable ON durably_runs (created_at)
-            WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL;
-        """,
-    ),
-)
-"""The schema, step by step. Append new steps; never edit an applied one."""
-
-_SCHEMA_LOCK = 0x64757261626C7931  # "durably1": the advisory lock serializing migrations
 _RETRY_FIRST = 0.02
 _RETRY_MAX = 0.5
 
@@ -127,13 +81,6 @@ INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, ex
 VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING token
-"""
-
-_ENQUEUE = """
-INSERT INTO durably_runs (run_id, agent, task, phase)
-VALUES (%(run_id)s, %(agent)s, %(task)s, 'queued')
-ON CONFLICT (run_id) DO NOTHING
-RETURNING run_id
 """
 
 _ACQUIRE = """
@@ -149,26 +96,6 @@ SELECT state IS NULL, owner, expires_at, expires_at > now() FROM durably_runs
 WHERE run_id = %(run_id)s
 """
 
-RUNS_TO_CLAIM = """
-WITH claimable AS (
-    SELECT run_id FROM durably_runs
-    WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
-      AND agent = ANY(%(agents)s)
-      AND (expires_at IS NULL OR expires_at <= now())
-    ORDER BY created_at, run_id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE durably_runs AS r
-SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
-FROM claimable
-WHERE r.run_id = claimable.run_id
-RETURNING r.run_id, r.agent, r.task, r.token, r.state
-"""
-"""Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
-person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any
-number of workers claim at once without waiting on each other's rows."""
-
 _SAVE = """
 UPDATE durably_runs
 SET state = %(state)s, phase = %(phase)s, saved_at = now(), parked = NULL
@@ -183,11 +110,6 @@ RETURNING token
 
 _RELEASE = """
 UPDATE durably_runs SET expires_at = NULL
-WHERE run_id = %(run_id)s AND token = %(token)s
-"""
-
-_PARK = """
-UPDATE durably_runs SET parked = %(reason)s
 WHERE run_id = %(run_id)s AND token = %(token)s
 """
 
@@ -420,54 +342,45 @@ class PostgresStore:
         """Where the run lives: the database, the table and the row."""
         return f"{self._where} durably_runs[{run_id!r}]"
 
-    # -- workers -------------------------------------------------------------------------
+    # -- for the work queue (durably.postgres.queue) ----------------------------------------
 
-    async def enqueue(self, *, run_id: str, agent: str, task: str) -> None:
-        """Record a run for a worker to start: its agent's name and its task, no state yet.
+    async def execute(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        *,
+        what: str,
+        run_id: str = "-",
+        writes: bool = True,
+    ) -> _T:
+        """Run ``operation(conn)`` on a pooled connection, as the store's own statements run.
 
-        Raises ``RunExists`` when the ID was ever used in this store.
+        Connection failures are retried on another connection for up to one lease;
+        ``operation`` must be safe to repeat.
+
+        Args:
+            operation: sends the statements, given a connection (autocommit).
+            what: what it does, for messages (``"claiming runs"``).
+            run_id: the run it concerns, for messages.
+            writes: whether it changes the database: a failure is then ``SaveFailed``
+                (it may or may not have landed), else ``StoreUnavailable``.
         """
-        validate_run_id(run_id)
-        params = {"run_id": run_id, "agent": agent, "task": task}
+        return await self._run(operation, what=what, run_id=run_id, writes=writes)
 
-        async def insert(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
-            return await _fetchone(conn, _ENQUEUE, params) is not None
+    def decode(self, run_id: str, data: bytes) -> RunState:
+        """The state in a row's ``state`` bytes; ``CheckpointCorrupt`` naming the row if invalid."""
+        return self._decode(run_id, data)
 
-        if not await self._run(insert, what=f"submitting run {run_id!r}", run_id=run_id):
-            raise RunExists(run_id=run_id)
+    def adopt(self, run_id: str, token: int, *, sent: float) -> PostgresRun:
+        """A handle for a lease a statement of the caller's took (a worker's claim).
 
-    async def claim(self, *, agents: Sequence[str], limit: int) -> list[Claim]:
-        """Take the leases of up to ``limit`` runs a worker should carry on (:data:`RUNS_TO_CLAIM`).
-
-        Only runs recorded with one of ``agents`` are claimed. Each claim holds an
-        open handle, renewing its lease until the caller closes it.
+        Args:
+            run_id: the run whose lease was taken.
+            token: the fencing token the statement set.
+            sent: ``time.monotonic()`` when the statement was sent: the lease surely
+                ends one lease after it.
         """
-        if limit <= 0 or not agents:
-            return []
-        sent = time.monotonic()
-        params = {"agents": list(agents), "limit": limit, "owner": self.owner, "lease": self.lease}
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-            cursor = await conn.execute(RUNS_TO_CLAIM, params)
-            return await cursor.fetchall()
-
-        rows = await self._run(update, what="claiming runs")
-        claims = []
-        for run_id, agent, task, token, data in rows:
-            self.stats.acquisitions += 1
-            handle = PostgresRun(
-                self, run_id, int(token), deadline=sent + self.lease.total_seconds()
-            )
-            claims.append(
-                Claim(
-                    run_id=run_id,
-                    agent=agent,
-                    task=task,
-                    handle=handle,
-                    data=None if data is None else bytes(data),
-                )
-            )
-        return claims
+        self.stats.acquisitions += 1
+        return PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -534,48 +447,9 @@ class PostgresStore:
                 self._pool = pool
             if not self._migrated:
                 async with self._pool.connection(timeout=self.lease.total_seconds()) as conn:
-                    await self._migrate(conn)
+                    await migrate(conn, where=self._where)
                 self._migrated = True
             return self._pool
-
-    async def _migrate(self, conn: AsyncConnection[tuple[Any, ...]]) -> None:
-        latest = MIGRATIONS[-1].version
-        if not conn.autocommit:
-            await conn.commit()
-        # Fast path: an up-to-date schema needs no lock.
-        cursor = await conn.execute("SELECT to_regclass('durably_schema') IS NOT NULL")
-        exists = await cursor.fetchone()
-        if exists is not None and exists[0]:
-            cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
-            row = await cursor.fetchone()
-            if row is not None and int(row[0]) == latest:
-                return
-        async with conn.transaction():
-            # Transaction-scoped: released at commit or rollback, or when this process
-            # dies; never a session lock that a pooled connection would keep.
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS durably_schema ("
-                " version int PRIMARY KEY,"
-                " description text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
-            found = await cursor.fetchone()
-            current = int(found[0]) if found is not None else 0
-            if current > latest:
-                raise CheckpointTooNew(
-                    path=f"{self._where} durably_schema", found=current, known=latest
-                )
-            for step in MIGRATIONS:
-                if step.version <= current:
-                    continue
-                await conn.execute(step.sql)
-                await conn.execute(
-                    "INSERT INTO durably_schema (version, description) VALUES (%s, %s)",
-                    (step.version, step.description),
-                )
-                log.info("durably schema migrated to version %d", step.version)
 
     async def _run(
         self,
@@ -681,25 +555,6 @@ async def _fetchone(
     return await cursor.fetchone()
 
 
-@dataclass(kw_only=True)
-class Claim:
-    """A run a worker took the lease of: what to run, and the handle that owns it."""
-
-    run_id: str
-    agent: str
-    """The registered name of the agent that runs it."""
-    task: str
-    handle: PostgresRun
-    data: bytes | None = field(repr=False)
-    """The stored envelope; None for a queued run that no worker has started."""
-
-    def load(self, store: PostgresStore) -> RunState | None:
-        """The run's state (None when queued); ``CheckpointCorrupt`` if it cannot be read."""
-        if self.data is None:
-            return None
-        return store._decode(self.run_id, self.data)
-
-
 class PostgresRun:
     """Ownership of one run in a :class:`PostgresStore`: its lease, renewed until closed."""
 
@@ -721,6 +576,11 @@ class PostgresRun:
     def run_id(self) -> str:
         """The run this handle owns."""
         return self._run_id
+
+    @property
+    def store(self) -> PostgresStore:
+        """The store this handle's lease is in."""
+        return self._store
 
     def activate(self) -> None:
         """Make this handle's lease the :func:`current_lease` of the calling task."""
@@ -768,7 +628,7 @@ class PostgresRun:
             return cursor.rowcount
 
         try:
-            rows = await store._run(
+            rows = await store._run(  # noqa: SLF001 -- the run handle is part of its store (same module)
                 update, what="saving", run_id=self._run_id, until=self._deadline
             )
         except SaveFailed:
@@ -779,20 +639,6 @@ class PostgresRun:
             store.stats.stale_saves += 1
             raise LeaseLost(run_id=self._run_id, token=self._token)
         store.stats.saves += 1
-
-    async def park(self, reason: str) -> bool:
-        """Stop workers from claiming the run again (a person must look); True if recorded.
-
-        Works after :meth:`close` too, as long as no other process has taken the run since.
-        """
-        params = {"run_id": self._run_id, "token": self._token, "reason": reason[:2000]}
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
-            cursor = await conn.execute(_PARK, params)
-            return cursor.rowcount
-
-        rows = await self._store._run(update, what="parking", run_id=self._run_id)
-        return bool(rows == 1)
 
     async def close(self, *, release: bool = True) -> None:
         """Stop renewing and free the lease (if it is still this handle's).
@@ -817,7 +663,7 @@ class PostgresRun:
             await conn.execute(_RELEASE, params)
 
         try:
-            await self._store._run(
+            await self._store._run(  # noqa: SLF001 -- the run handle is part of its store (same module)
                 update,
                 what="releasing the lease",
                 run_id=self._run_id,
@@ -861,7 +707,7 @@ class PostgresRun:
             try:
                 # One attempt per period, bounded by the lease: a renewal that
                 # lands after the lease ran out changes nothing (it is conditional).
-                renewed = await store._run(
+                renewed = await store._run(  # noqa: SLF001 -- the run handle is part of its store (same module)
                     update,
                     what="renewing the lease",
                     run_id=self._run_id,

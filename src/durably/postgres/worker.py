@@ -4,12 +4,14 @@ A run is started by a worker when it was *submitted* (:func:`submit` records a
 queued run: an ID, an agent name and a task, no state yet), and resumed by any
 worker when the process that ran it died (its lease expired). Agents are found
 by name in a :class:`Registry`: ``register(name, factory)`` with
-``factory(run_id) -> Agent``.
+``factory(run_id) -> Agent``. The agent needs no store: the worker hands it the
+handle of the run it claimed.
 
 :func:`work` loops until told to stop: it claims up to ``concurrency`` runs
-whose lease is absent or expired (``PostgresStore.claim``, one ``UPDATE`` over
-``SELECT ... FOR UPDATE SKIP LOCKED``), starts queued ones with ``Agent.run``
-and resumes the others with ``Agent.resume``. Any number of workers on any
+whose lease is absent or expired (:func:`durably.postgres.queue.claim`, one
+``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED``), starts queued ones with
+``Agent.start`` and carries the others on with ``Agent.drive``, both on the
+claimed handle. Any number of workers on any
 number of machines can share a database.
 
 What happens to a run, by how it ended:
@@ -32,38 +34,36 @@ the runs over at once.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Protocol
 
-from .errors import (
+from ..errors import (
     CheckpointCorrupt,
     CheckpointTooNew,
     DurablyError,
     LeaseLost,
     ReplayMismatch,
     RunError,
-    RunExists,
     UnsafePath,
 )
-from .keys import new_run_id
-from .loop import Agent, Outcome, shielded
-from .state import RunState
-from .stores import RunHandle, Store
-from .stores.postgres import Claim, PostgresRun, PostgresStore
+from ..keys import new_run_id
+from ..loop import Agent, Outcome, shielded
+from .queue import Claim, claim, enqueue, park
+from .store import PostgresRun, PostgresStore
 
 __all__ = [
-    "WORKER_STORE",
+    "AGENTS_ENTRY_POINTS",
     "AgentFactory",
+    "AgentsHook",
     "Registration",
     "Registry",
     "WorkReport",
     "import_agents",
+    "load_entry_points",
     "register",
-    "register_triage",
     "registry",
     "submit",
     "work",
@@ -72,8 +72,12 @@ __all__ = [
 log = logging.getLogger("durably.worker")
 
 AgentFactory = Callable[[str], Agent]
-"""Builds the agent for one run, given its ID. Build it with any store (say
-:data:`WORKER_STORE`): the worker runs it on the run it claimed."""
+"""Builds the agent for one run, given its ID. The agent needs no store (the
+worker drives it on the handle of the run it claimed); one it has is not used."""
+
+AGENTS_ENTRY_POINTS = "durably.agents"
+"""The entry-point group of packages that register agents with every worker
+(see :class:`AgentsHook`); the reference triage agent registers itself this way."""
 
 _PERMANENT = (RunError, CheckpointCorrupt, CheckpointTooNew, UnsafePath, ReplayMismatch)
 """Errors a retry cannot fix: the run is parked for a person."""
@@ -123,30 +127,6 @@ class Registry:
         return name in self._agents
 
 
-class _NoStore:
-    """The placeholder store of agents built for workers; the worker replaces it."""
-
-    async def create(self, state: RunState) -> RunHandle:
-        raise RuntimeError("this agent was built for a worker, which gives it its store")
-
-    async def open(self, run_id: str) -> tuple[RunHandle, RunState]:
-        raise RuntimeError("this agent was built for a worker, which gives it its store")
-
-    async def read(self, run_id: str) -> RunState:
-        raise RuntimeError("this agent was built for a worker, which gives it its store")
-
-    async def list_runs(self) -> list[str]:
-        return []
-
-    def describe(self, run_id: str) -> str:
-        return "(the worker's store)"
-
-
-WORKER_STORE: Store = _NoStore()
-"""A placeholder for the ``store`` of agents built by factories: the worker replaces it
-with the run it claimed."""
-
-
 registry = Registry()
 """The registry ``durably worker`` serves (with the triage agents added)."""
 
@@ -156,28 +136,40 @@ def register(name: str, factory: AgentFactory, *, task: str | None = None) -> No
     registry.register(name, factory, task=task)
 
 
-def register_triage(target: Registry, *, state_dir: Path) -> None:
-    """Register the reference triage agent as ``triage:<task>`` for every bundled task.
+class AgentsHook(Protocol):
+    """What an entry point of the ``durably.agents`` group names: it registers agents.
 
-    Each run's world lives under ``<state_dir>/worlds/<run_id>``; calls needing
-    approval are approved (a worker has no terminal) and in-doubt calls the
-    ladder cannot settle pause the run for a person.
+    ``durably worker`` calls each installed hook with the registry it serves and its
+    ``--state`` directory (where agents that keep files, like the triage demo's
+    worlds, put them); ``durably submit`` calls them to learn the agents' default
+    tasks. Declare one in ``pyproject.toml``::
+
+        [project.entry-points."durably.agents"]
+        myapp = "myapp.agents:register_agents"
     """
-    from .approval import PolicyApprover
-    from .triage.agent import build_agent
-    from .triage.world import TASKS, World, load_task
 
-    for task_name in TASKS:
+    def __call__(self, registry: Registry, *, state_dir: Path) -> None:
+        """Register agents in ``registry``; ``state_dir`` is the worker's ``--state``."""
+        ...
 
-        def factory(run_id: str, task_name: str = task_name) -> Agent:
-            world = World.ensure(state_dir / "worlds" / run_id, task_name)
-            return build_agent(
-                world=world,
-                store=WORKER_STORE,
-                approver=PolicyApprover(),
-            )
 
-        target.register(f"triage:{task_name}", factory, task=load_task(task_name).description)
+def load_entry_points(target: Registry, *, state_dir: Path) -> None:
+    """Let every installed ``durably.agents`` hook register its agents in ``target``.
+
+    Raises:
+        ValueError: a hook cannot be loaded or fails; the message names it.
+    """
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=AGENTS_ENTRY_POINTS):
+        try:
+            hook: AgentsHook = point.load()
+            hook(target, state_dir=state_dir)
+        except Exception as exc:
+            raise ValueError(
+                f"the agents of entry point {point.name!r} ({point.value}) could not be "
+                f"registered: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 async def submit(
@@ -196,7 +188,7 @@ async def submit(
         run_id: use this ID (``RunExists`` if it was ever used); default: a new one.
     """
     run_id = run_id or new_run_id(agent_name)
-    await store.enqueue(run_id=run_id, agent=agent_name, task=task)
+    await enqueue(store, run_id=run_id, agent=agent_name, task=task)
     log.info("submitted %s (%s)", run_id, agent_name)
     return run_id
 
@@ -247,17 +239,17 @@ async def work(
             claims: list[Claim] = []
             if free > 0:
                 try:
-                    claims = await store.claim(agents=registry.names(), limit=free)
+                    claims = await claim(store, agents=registry.names(), limit=free)
                 except DurablyError as exc:
                     log.warning("could not claim runs: %s", exc)
                 except Exception as exc:  # the database is down or restarting: try again
                     if not _is_database_error(exc):
                         raise
                     log.warning("could not claim runs: %s", exc)
-            for claim in claims:
+            for claimed in claims:
                 report.claimed += 1
                 task = asyncio.create_task(
-                    _drive(store, registry, claim, report), name=f"durably-run-{claim.run_id}"
+                    _drive(registry, claimed, report), name=f"durably-run-{claimed.run_id}"
                 )
                 running.add(task)
                 task.add_done_callback(running.discard)
@@ -279,32 +271,29 @@ def _is_database_error(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.Error)
 
 
-async def _drive(
-    store: PostgresStore, registry: Registry, claim: Claim, report: WorkReport
-) -> None:
+async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None:
     """Carry one claimed run on; never raises (except the worker's own cancellation)."""
-    handle = claim.handle
+    handle = claimed.handle
     handle.activate()
-    run_id = claim.run_id
+    run_id = claimed.run_id
     release = True
     try:
         try:
-            state = claim.load(store)
-            registration = registry.get(claim.agent)
+            state = claimed.load()
+            registration = registry.get(claimed.agent)
             if registration is None:
-                raise LookupError(f"no agent named {claim.agent!r} is registered")
+                raise LookupError(f"no agent named {claimed.agent!r} is registered")
             try:
-                agent = copy.copy(registration.factory(run_id))
+                agent = registration.factory(run_id)
             except Exception as exc:
                 raise _FactoryFailed(f"{type(exc).__name__}: {exc}") from exc
-            agent.store = _ClaimedRun(store, handle, state)
             if state is None:
                 report.started += 1
-                log.info("starting %s (%s)", run_id, claim.agent)
-                outcome = await agent.run(claim.task, run_id=run_id)
+                log.info("starting %s (%s)", run_id, claimed.agent)
+                outcome = await agent.start(handle, claimed.task)
             else:
-                log.info("resuming %s (%s, phase %s)", run_id, claim.agent, state.phase)
-                outcome = await agent.resume(run_id)
+                log.info("resuming %s (%s, phase %s)", run_id, claimed.agent, state.phase)
+                outcome = await agent.drive(handle, state)
         except asyncio.CancelledError:
             report.interrupted += 1
             log.info("stopped %s; its lease is freed for another worker", run_id)
@@ -349,69 +338,9 @@ def _count(outcome: Outcome, report: WorkReport) -> None:
 
 async def _park(handle: PostgresRun, reason: str) -> None:
     try:
-        await shielded(handle.park(reason))
+        await shielded(park(handle, reason))
     except DurablyError as exc:
         log.warning("could not park %s: %s", handle.run_id, exc)
-
-
-class _ClaimedRun:
-    """The store one claimed run's agent sees: it hands over the claimed handle.
-
-    ``open`` returns the claim's handle and state; ``create`` (a queued run being
-    started) saves the first state through the claim's handle. Everything else
-    goes to the real store.
-    """
-
-    def __init__(self, store: PostgresStore, handle: PostgresRun, state: RunState | None) -> None:
-        self._store = store
-        self._handle = handle
-        self._state = state
-        self._handed_out = False
-
-    async def create(self, state: RunState) -> RunHandle:
-        if state.run_id != self._handle.run_id or self._state is not None or self._handed_out:
-            raise RunExists(run_id=state.run_id)
-        await self._handle.save(state)  # save point 1, under the claim's lease
-        self._handed_out = True
-        return _Borrowed(self._handle)
-
-    async def open(self, run_id: str) -> tuple[RunHandle, RunState]:
-        if run_id != self._handle.run_id or self._state is None or self._handed_out:
-            return await self._store.open(run_id)
-        self._handed_out = True
-        return _Borrowed(self._handle), self._state
-
-    async def read(self, run_id: str) -> RunState:
-        return await self._store.read(run_id)
-
-    async def list_runs(self) -> list[str]:
-        return await self._store.list_runs()
-
-    def describe(self, run_id: str) -> str:
-        return self._store.describe(run_id)
-
-
-class _Borrowed:
-    """The claimed handle as the agent sees it: the worker, not the agent, closes it."""
-
-    def __init__(self, handle: PostgresRun) -> None:
-        self._handle = handle
-
-    @property
-    def run_id(self) -> str:
-        return self._handle.run_id
-
-    async def save(self, state: RunState) -> None:
-        await self._handle.save(state)
-
-    async def close(self) -> None:
-        """Nothing: the worker frees the lease (or lets it run out) once the agent returns."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
 
 def import_agents(modules: Iterable[str]) -> None:
@@ -438,10 +367,13 @@ async def serve(
     imports: Iterable[str] = (),
     say: Callable[[str], None] = print,
 ) -> WorkReport:
-    """``durably worker``: serve the default registry (plus the triage agents) until SIGTERM.
+    """``durably worker``: serve the default registry and the installed hooks' agents until SIGTERM.
 
-    SIGTERM and SIGINT set the stop event: runs in flight finish their current save
-    and free their leases before this returns.
+    ``imports`` are imported first (their agents register in :data:`registry`);
+    then every ``durably.agents`` entry point registers its agents (the triage
+    demo's among them), given ``state_dir``. SIGTERM and SIGINT set the stop
+    event: runs in flight finish their current save and free their leases before
+    this returns.
     """
     import signal
     from datetime import timedelta
@@ -457,7 +389,7 @@ async def serve(
         entry = registry.get(name)
         if entry is not None:
             serving.register(name, entry.factory, task=entry.task)
-    register_triage(serving, state_dir=state_dir)
+    load_entry_points(serving, state_dir=state_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -487,7 +419,7 @@ async def submit_command(
     """``durably submit``: queue a run; the task defaults to the agent's registered task."""
     import_agents(imports)
     known = Registry()
-    register_triage(known, state_dir=Path("."))  # only for the triage tasks' texts
+    load_entry_points(known, state_dir=Path("."))  # only for their agents' default tasks
     entry = registry.get(agent_name) or known.get(agent_name)
     if task is None:
         if entry is None or entry.task is None:

@@ -1,13 +1,13 @@
 """The power-loss sweep: cut the power at crash points of a real run, then resume it on every disk.
 
-:func:`durably.sweep.powerloss.check_protocol` proves that every disk a power cut
+:func:`durably.sweep.powerloss.checks.check_protocol` proves that every disk a power cut
 may leave loads as the old or the new state. This module closes the loop for a
 whole job: the run must then *resume* on that disk and finish correctly.
 
 :func:`run_power_loss_sweep`
 
 1. runs the job once, crash-free, in a forked child, with the run's store
-   (synced, as in production) built over a :class:`~durably.sweep.powerloss.PowerLossFS`
+   (synced, as in production) built over a :class:`~durably.sweep.powerloss.model.PowerLossFS`
    rooted at the store directory (the directory itself counts as durable);
 2. at every ``every``-th crash point of that run captures, into a scratch
    directory: the legal disk images of the store directory at that instant
@@ -54,25 +54,26 @@ from typing import Any
 
 import msgspec
 
-from .. import faults
-from ..errors import RunNotFound
-from ..state import RunState
-from ..stores.file import FileRun, FileStore
-from ..stores.journal import JournalStore
-from .core import (
+from ... import faults
+from ...errors import RunNotFound
+from ...state import RunState
+from ...stores.file import FileRun, FileStore
+from ...stores.journal import JournalStore
+from ..core import (
     RUN_ID,
     Config,
     ScenarioResult,
+    SweepApprover,
     SweepJob,
     World,
-    _fork,
     _restart_and_judge,
     _Spec,
-    _SweepApprover,
     _workers,
     check_jobs,
+    run_in_child,
 )
-from .powerloss import Kind, PowerLossFS, Violation
+from .checks import Kind, Violation
+from .model import PowerLossFS
 
 __all__ = [
     "STORES",
@@ -204,7 +205,7 @@ class _Saves:
 
 def _tracked(store: FileStore, saves: _Saves) -> FileStore:
     """``store``, its handles recording each save's state as it begins and when it returns."""
-    new_handle = store._new_handle
+    new_handle = store._new_handle  # noqa: SLF001 -- the sweep watches each handle the store makes
 
     def tracked_handle(run_id: str, lock_fd: int) -> FileRun:
         handle = new_handle(run_id, lock_fd)
@@ -218,7 +219,7 @@ def _tracked(store: FileStore, saves: _Saves) -> FileStore:
         handle.save_sync = save  # type: ignore[method-assign]
         return handle
 
-    store._new_handle = tracked_handle  # type: ignore[method-assign]
+    store._new_handle = tracked_handle  # type: ignore[method-assign]  # noqa: SLF001 -- the sweep watches each handle the store makes
     return store
 
 
@@ -250,7 +251,7 @@ def _record(
         modelled = replace(
             world, store_factory=lambda d: _tracked(make_store(d, sync=True, fs=fs), saves)
         )
-        agent = job.agent(modelled, _SweepApprover(job, modelled))
+        agent = job.agent(modelled, SweepApprover(job, modelled))
         entries: dict[str, dict[str, Any]] = {}
         worlds: list[str] = []
         last_print: list[str] = []
@@ -307,7 +308,7 @@ def _record(
         }
         (capture / "manifest.json").write_text(json.dumps(manifest))
 
-    return _fork(body)
+    return run_in_child(body)
 
 
 def _ignore_store(store_dir: Path) -> Callable[[str, list[str]], set[str]]:
@@ -338,7 +339,7 @@ def _load(
         message = str(exc).replace(str(world.root), "<world>")
         return f"{type(exc).__name__}: {message}", expected, Kind.UNREADABLE
     finally:
-        store.close()
+        store.close_sync()
     digest = _digest(state)
     matches = [i for i, s in enumerate(saves) if s["digest"] == digest]
     if not matches:

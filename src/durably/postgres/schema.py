@@ -1,0 +1,114 @@
+"""The Postgres store's tables, and the migrations that create and upgrade them.
+
+:data:`MIGRATIONS` is a versioned list. :func:`migrate` applies the steps a
+database lacks in one transaction that first takes a transaction-scoped advisory
+lock (released at commit, rollback or the death of the process; never a session
+lock that a pooled connection would keep), so any number of processes can start
+at once. Applied steps are recorded in ``durably_schema``; a database migrated by
+a newer durably is refused with ``CheckpointTooNew``. ``docs/postgres.md``
+describes the tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointTooNew
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+__all__ = ["MIGRATIONS", "QUEUED", "Migration", "migrate"]
+
+log = logging.getLogger("durably.store")
+
+QUEUED = "queued"
+"""The ``phase`` column of a submitted run that no worker has started yet (no state)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    """One step of the schema; applied once, in order, recorded in ``durably_schema``."""
+
+    version: int
+    description: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        description="runs with their lease and the worker queue",
+        sql="""
+        CREATE TABLE durably_runs (
+            run_id     text PRIMARY KEY
+                       CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+            agent      text,
+            task       text NOT NULL,
+            phase      text NOT NULL,
+            state      bytea,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            saved_at   timestamptz,
+            owner      text,
+            token      bigint NOT NULL DEFAULT 0 CHECK (token >= 0),
+            expires_at timestamptz,
+            parked     text,
+            CHECK ((state IS NULL) = (phase = 'queued'))
+        );
+        CREATE INDEX durably_runs_claimable ON durably_runs (created_at)
+            WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL;
+        """,
+    ),
+)
+"""The schema, step by step. Append new steps; never edit an applied one."""
+
+_SCHEMA_LOCK = 0x64757261626C7931  # "durably1": the advisory lock serializing migrations
+
+
+async def migrate(conn: AsyncConnection[tuple[Any, ...]], *, where: str) -> None:
+    """Bring the schema up to :data:`MIGRATIONS`, under the migration lock when needed.
+
+    Args:
+        conn: a connection to the database, in the schema to migrate.
+        where: the database, for messages.
+
+    Raises:
+        CheckpointTooNew: a newer durably migrated the database further.
+    """
+    latest = MIGRATIONS[-1].version
+    if not conn.autocommit:
+        await conn.commit()
+    # Fast path: an up-to-date schema needs no lock.
+    cursor = await conn.execute("SELECT to_regclass('durably_schema') IS NOT NULL")
+    exists = await cursor.fetchone()
+    if exists is not None and exists[0]:
+        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+        row = await cursor.fetchone()
+        if row is not None and int(row[0]) == latest:
+            return
+    async with conn.transaction():
+        # Transaction-scoped: released at commit or rollback, or when this process
+        # dies; never a session lock that a pooled connection would keep.
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS durably_schema ("
+            " version int PRIMARY KEY,"
+            " description text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+        found = await cursor.fetchone()
+        current = int(found[0]) if found is not None else 0
+        if current > latest:
+            raise CheckpointTooNew(path=f"{where} durably_schema", found=current, known=latest)
+        for step in MIGRATIONS:
+            if step.version <= current:
+                continue
+            await conn.execute(step.sql)
+            await conn.execute(
+                "INSERT INTO durably_schema (version, description) VALUES (%s, %s)",
+                (step.version, step.description),
+            )
+            log.info("durably schema migrated to version %d", step.version)
