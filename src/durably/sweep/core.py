@@ -61,9 +61,11 @@ from .tree import Tree, Uncopyable
 __all__ = [
     "CONFIGS",
     "RUN_ID",
+    "WINDOW_END",
     "Config",
     "Row",
     "ScenarioResult",
+    "ScenarioSpec",
     "StoreFactory",
     "SweepApprover",
     "SweepJob",
@@ -71,9 +73,15 @@ __all__ = [
     "Workers",
     "World",
     "assert_clean",
+    "count_saved_turns",
+    "judge_scenario",
+    "restart_and_judge",
     "run_in_child",
+    "run_scenario_process",
     "run_sweep",
+    "scenario_workers",
     "scratch_root",
+    "was_killed",
 ]
 
 StoreFactory = Callable[[Path], FileStore]
@@ -286,7 +294,7 @@ def run_in_child(body: Callable[[], None]) -> int:
     return status
 
 
-def _process(
+def run_scenario_process(
     job: SweepJob,
     world: World,
     *,
@@ -322,7 +330,7 @@ def _process(
                 window = "closed"
                 return
             prints.append(digest)
-            if window_only and label == _WINDOW_END:
+            if window_only and label == WINDOW_END:
                 window = "closing"
 
         if record is not None:
@@ -338,7 +346,8 @@ def _process(
     return run_in_child(body)
 
 
-def _killed(status: int) -> bool:
+def was_killed(status: int) -> bool:
+    """Whether a child's wait status says SIGKILL ended it."""
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
@@ -390,19 +399,21 @@ def _distinct(prints: Sequence[str], merge: bool = True) -> list[tuple[int, int]
     return chosen
 
 
-_WINDOW_END = "loop.saved.reply"
+WINDOW_END = "loop.saved.reply"
 
 
 def _window(labels: Sequence[str]) -> int:
     """How many points of a restart belong to its recovery (up to its first saved reply)."""
     for index, label in enumerate(labels, 1):
-        if label == _WINDOW_END:
+        if label == WINDOW_END:
             return index
     return len(labels)
 
 
 @dataclass(frozen=True)
-class _Spec:
+class ScenarioSpec:
+    """One scenario: its configuration, depth, first and second crash points, and labels."""
+
     config: Config
     depth: int
     first: int
@@ -435,57 +446,61 @@ def _run_group(
     killed at the same point would leave, and re-running the first process
     for every second crash (most of a scenario's cost) proves nothing more.
     """
-    first = _Spec(group.config, 1, group.first, None, (group.label,), group.covers, group.merge)
+    first = ScenarioSpec(
+        group.config, 1, group.first, None, (group.label,), group.covers, group.merge
+    )
     with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch) / "world", config=group.config, store_factory=store)
         world.root.mkdir()
         job.prepare(world)
         error = _first_process(job, world, group.first)
         if group.depth < 2:
-            return [_restart_and_judge(job, world, first, reference, error)]
+            return [restart_and_judge(job, world, first, reference, error)]
         try:
             left: Tree | None = Tree.read(world.root)
         except Uncopyable:
             left = None  # each second crash then starts from a fresh world
-        results = [_restart_and_judge(job, world, first, reference, error)]
+        results = [restart_and_judge(job, world, first, reference, error)]
         done = results[0]
         for point, label, covers in zip(
             done.restart_points, done.restart_labels, done.restart_covers, strict=True
         ):
-            spec = _Spec(
+            spec = ScenarioSpec(
                 group.config, 2, group.first, point, (group.label, label), covers, group.merge
             )
             if left is None:
                 results.append(_run_scenario(job, spec, reference, store))
             else:
                 left.write(world.root)
-                results.append(_restart_and_judge(job, world, spec, reference, error))
+                results.append(restart_and_judge(job, world, spec, reference, error))
         return results
 
 
 def _run_scenario(
-    job: SweepJob, spec: _Spec, reference: Counter[str], store: StoreFactory | None
+    job: SweepJob, spec: ScenarioSpec, reference: Counter[str], store: StoreFactory | None
 ) -> ScenarioResult:
     """One scenario in a fresh world: the first process killed, then the restarts."""
     with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch), config=spec.config, store_factory=store)
         job.prepare(world)
         error = _first_process(job, world, spec.first)
-        return _restart_and_judge(job, world, spec, reference, error)
+        return restart_and_judge(job, world, spec, reference, error)
 
 
 def _first_process(job: SweepJob, world: World, point: int) -> str | None:
     """Start the run in a process that SIGKILLs itself at ``point``; the error, if it did not."""
-    status = _process(job, world, first=True, plan=faults.CrashPlan(at=point), record=None)
-    if not _killed(status):
+    status = run_scenario_process(
+        job, world, first=True, plan=faults.CrashPlan(at=point), record=None
+    )
+    if not was_killed(status):
         return f"the first process did not die at point {point} (status {status})"
     return None
 
 
-def _restart_and_judge(
+def restart_and_judge(
     job: SweepJob,
     world: World,
-    spec: _Spec,
+    spec: ScenarioSpec,
     reference: Counter[str],
     error: str | None,
     *,
@@ -502,16 +517,18 @@ def _restart_and_judge(
     finished = False
     final: RunState | None = None
     for restart in range(1, MAX_RESTARTS + 1):
-        saved_turns, asked = _saved_turns(world), len(log.turns(RUN_ID))
+        saved_turns, asked = count_saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
         plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()
         recording = record and restart == 1 and second is None
         points = world.root / "restart.json" if recording else None
-        status = _process(job, world, first=False, plan=plan, record=points, window_only=True)
+        status = run_scenario_process(
+            job, world, first=False, plan=plan, record=points, window_only=True
+        )
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
         if points is not None and points.exists():
             restart_record = json.loads(points.read_text())
-        if _killed(status) and second is not None:
+        if was_killed(status) and second is not None:
             continue
         if status != 0:
             error = error or f"restart {restart} failed (status {status})"
@@ -519,22 +536,23 @@ def _restart_and_judge(
         final = world.read()
         finished = final.phase is Phase.DONE
         break
-    return _judge(
+    return judge_scenario(
         job, world, spec, reference, finished, paid_twice, restart_record, error, state=final
     )
 
 
-def _saved_turns(world: World) -> int:
+def count_saved_turns(world: World) -> int:
+    """The turns the world's saved run holds (0 when nothing is saved yet)."""
     try:
         return world.read().turns
     except Exception:  # not created yet: nothing saved
         return 0
 
 
-def _judge(
+def judge_scenario(
     job: SweepJob,
     world: World,
-    spec: _Spec,
+    spec: ScenarioSpec,
     reference: Counter[str],
     finished: bool,
     paid_twice: int,
@@ -595,7 +613,9 @@ def _record_points(
         world = World(root=Path(scratch), config=config, store_factory=store)
         job.prepare(world)
         record = world.root / "points.json"
-        status = _process(job, world, first=True, plan=faults.CrashPlan(), record=record)
+        status = run_scenario_process(
+            job, world, first=True, plan=faults.CrashPlan(), record=record
+        )
         if status != 0 or not record.exists():
             raise RuntimeError(f"{job.name} under {config.name!r} did not finish without crashes")
         data = json.loads(record.read_text())
@@ -774,7 +794,7 @@ Workers = Literal["fork", "fresh"]
 
 
 @contextmanager
-def _workers(
+def scenario_workers(
     jobs: int,
     job: SweepJob,
     config: Config,
@@ -868,7 +888,7 @@ def run_sweep(
     sizes: dict[int, list[int]] = {1: [], 2: []}
 
     run = functools.partial(_run_group_of, job, references, store)
-    with _workers(jobs, job, configs[0], run, store, workers) as run_all:
+    with scenario_workers(jobs, job, configs[0], run, store, workers) as run_all:
         for group_depth, found in run_all(groups):
             results.extend(found)
             pending[group_depth] -= 1

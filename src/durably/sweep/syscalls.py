@@ -23,7 +23,7 @@ For each store:
 3. **Kill, restart, judge.** In a fresh world the job is started under
    ``strace -e inject=KIND:signal=KILL:when=N``; the process must die by
    SIGKILL. It is restarted (unkilled) until the run finishes, and judged with
-   the labelled sweep's own judging (:func:`durably.sweep.core._judge`):
+   the labelled sweep's own judging (:func:`durably.sweep.core.judge_scenario`):
    duplicates and losses at the receivers, replies paid twice, questions, the
    job's checks.
 4. **Depth 2.** The first restart after each first kill is itself counted
@@ -264,7 +264,7 @@ def _tracer_attached(pid: int) -> bool:
 
 
 def _mark_window(label: str) -> None:
-    if label == core._WINDOW_END:  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+    if label == core.WINDOW_END:
         with contextlib.suppress(OSError):
             os.statvfs(WINDOW_MARK)
 
@@ -388,16 +388,18 @@ def _restarts(
     error: str | None = None
     first_status = -1
     for restart in range(1, core.MAX_RESTARTS + 1):
-        saved_turns, asked = core._saved_turns(world), len(log.turns(RUN_ID))  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        saved_turns, asked = core.count_saved_turns(world), len(log.turns(RUN_ID))
         if restart == 1 and traced_first is not None:
             status = _traced(job, world, first=False, strace=traced_first)
         else:
-            status = core._process(job, world, first=False, plan=faults.CrashPlan(), record=None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+            status = core.run_scenario_process(
+                job, world, first=False, plan=faults.CrashPlan(), record=None
+            )
         if restart == 1:
             first_status = status
         paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
         if restart == 1 and expect_kill:
-            if core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+            if core.was_killed(status):
                 continue
             error = f"{_NOT_KILLED} where planned (status {status})"
         if status != 0:
@@ -411,7 +413,7 @@ def _restarts(
 def _scenario(
     job: SweepJob,
     world: World,
-    spec: core._Spec,
+    spec: core.ScenarioSpec,
     reference: Counter[str],
     *,
     error: str | None,
@@ -421,7 +423,7 @@ def _scenario(
     finished, paid_twice, restart_error, _ = _restarts(
         job, world, traced_first=traced_first, expect_kill=expect_kill
     )
-    return core._judge(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+    return core.judge_scenario(
         job, world, spec, reference, finished, paid_twice, None, error or restart_error
     )
 
@@ -432,7 +434,7 @@ def _run_group(
     """One first kill, its scenario, and (depth 2) every second kill of its first restart."""
     outcome = _Outcome()
     config = Config(name=group.store)
-    first = core._Spec(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+    first = core.ScenarioSpec(
         config, 1, group.index, None, (_label(group.kind, group.index),), group.covers
     )
     with tempfile.TemporaryDirectory(
@@ -448,10 +450,10 @@ def _run_group(
             world.root.mkdir()
             job.prepare(world)
             status = _traced(job, world, first=True, strace=inject)
-            if core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+            if core.was_killed(status):
                 break
         error = None
-        if not core._killed(status):  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        if not core.was_killed(status):
             error = f"the first process was not killed at {first.labels[0]} (status {status})"
         if group.depth < 2:
             outcome.results.append(_scenario(job, world, first, reference, error=error))
@@ -479,7 +481,7 @@ def _run_group(
             depth=2,
         )
         for head, calls in heads:
-            spec = core._Spec(  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+            spec = core.ScenarioSpec(
                 config,
                 2,
                 group.index,
@@ -670,7 +672,7 @@ def run_syscall_sweep(
     for name, store in stores.items():
         settings = _Settings(name, store, scratch_root, sample, merge)
         task = functools.partial(_pool_item, job, settings)
-        with core._workers(jobs, job, Config(name=name), task, store) as run_all:  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        with core.scenario_workers(jobs, job, Config(name=name), task, store) as run_all:
             # Counted in a warm worker, like every scenario: a cold process makes
             # calls (lazy imports, caches) that a warm one never makes.
             ((trace, reference),) = list(run_all([None]))
@@ -761,9 +763,9 @@ def _settle(job: SweepJob, settings: _Settings) -> None:
         world = World(root=Path(scratch) / "world", config=config, store_factory=settings.store)
         world.root.mkdir()
         job.prepare(world)
-        core._process(job, world, first=True, plan=faults.CrashPlan(), record=None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
-        spec = core._Spec(config, 1, 0, None, (), 1)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
-        core._judge(job, world, spec, Counter(), True, 0, None, None)  # noqa: SLF001 -- issue 17: sweep.core's scenario steps; make them its public names
+        core.run_scenario_process(job, world, first=True, plan=faults.CrashPlan(), record=None)
+        spec = core.ScenarioSpec(config, 1, 0, None, (), 1)
+        core.judge_scenario(job, world, spec, Counter(), True, 0, None, None)
 
 
 def _pool_item(job: SweepJob, settings: _Settings, item: tuple[_Group, Counter[str]] | None) -> Any:

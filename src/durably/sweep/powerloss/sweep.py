@@ -63,14 +63,14 @@ from ..core import (
     RUN_ID,
     Config,
     ScenarioResult,
+    ScenarioSpec,
     SweepApprover,
     SweepJob,
     World,
-    _restart_and_judge,
-    _Spec,
-    _workers,
     check_jobs,
+    restart_and_judge,
     run_in_child,
+    scenario_workers,
 )
 from .checks import Kind, Violation
 from .model import PowerLossFS
@@ -377,8 +377,8 @@ def _resume(
                 found=loaded,
                 expected=expected,
             )
-        spec = _Spec(config, 1, entry["point"], None, (entry["label"],), entry["covers"])
-        result = _restart_and_judge(job, world, spec, reference, None, record=False)
+        spec = ScenarioSpec(config, 1, entry["point"], None, (entry["label"],), entry["covers"])
+        result = restart_and_judge(job, world, spec, reference, None, record=False)
         return PowerLossScenario(
             point=entry["point"],
             label=entry["label"],
@@ -441,7 +441,7 @@ def run_power_loss_sweep(
             _resume, job, config, make_store, capture, manifest["saves"], reference
         )
         scenarios: list[PowerLossScenario] = []
-        with _workers(jobs, job, config, resume) as run_all:
+        with scenario_workers(jobs, job, config, resume) as run_all:
             for scenario in run_all(entries):
                 scenarios.append(scenario)
                 if progress is not None:
