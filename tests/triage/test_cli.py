@@ -593,3 +593,32 @@ def test_the_same_command_after_a_finished_run_says_it_starts_a_new_one(state: P
     assert f"new run {finished} ({M1}," in first.stdout
     assert f"run {finished} is done; starting a new run {started} ({M1}," in again.stdout
     assert durably("show", finished, "--state", state, "--json").stdout == before
+
+
+def test_show_prints_user_and_model_text_as_written(tmp_path: Path) -> None:
+    """Text that rich would read as markup or emoji (a task, a model's answer, an error quoting
+    a store's path) is printed literally, and a closing tag with no opening one crashes nothing.
+    """
+    from durably import Agent, FileStore, Reply, ScriptedModel
+
+    state = tmp_path / "state"
+    hostile = "fix [/bold] and :bug: [red]now"
+    agent = Agent(
+        model=ScriptedModel([Reply(text=f"answer: {hostile}")]),
+        tools=[],
+        store=FileStore(state / "runs"),
+    )
+    agent.run_sync(hostile, run_id="r1")
+
+    shown = durably("show", "r1", "--state", state)
+    odd = tmp_path / "st[/x]ate"
+    (odd / "runs").mkdir(parents=True)
+    missing = durably("show", "zz", "--state", odd)
+
+    assert shown.returncode == EXIT["done"], shown.stderr
+    assert f"task        {hostile}" in shown.stdout
+    assert f"answer: {hostile}" in shown.stdout
+    assert "🐛" not in shown.stdout
+    assert missing.returncode == EXIT["failed"], missing.stderr
+    assert f"no run 'zz' in {odd / 'runs'}" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -111,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except DurablyError as exc:
         if args.debug:
             raise
-        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
         code = _exit_code(exc)
     except BrokenPipeError:
         # The reader went away (`| head`): nothing to say, and nobody to say it to.
@@ -126,8 +128,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             if exc.errno in _DISK_REFUSALS
             else "run the command again once that is mended"
         )
+        from rich.markup import escape  # the message may quote a user's path
+
         errors.print(
-            f"[red]error:[/red] {exc}; {hint} (what was saved is kept)",
+            f"[red]error:[/red] {escape(str(exc))}; {hint} (what was saved is kept)",
             soft_wrap=True,
             highlight=False,
         )

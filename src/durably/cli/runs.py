@@ -29,14 +29,15 @@ __all__ = ["PHASES", "add_runs_command", "add_show_command", "run_by_prefix", "r
 def show(state: RunState, console: Console) -> None:
     """Print one run's checkpoint for a person."""
     from rich.table import Table
+    from rich.text import Text  # user and model text: never read as markup or emoji
 
     from ..state import age
 
-    console.print(f"[bold]{state.run_id}[/bold]")
+    console.print(Text(state.run_id, style="bold"))
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim")
     table.add_column()
-    table.add_row("task", state.task.splitlines()[0][:100] if state.task else "-")
+    table.add_row("task", Text(state.task.splitlines()[0][:100]) if state.task else "-")
     table.add_row("phase", f"[bold]{state.phase}[/bold]")
     table.add_row("turns", str(state.turns))
     table.add_row(
@@ -59,9 +60,9 @@ def show(state: RunState, console: Console) -> None:
     table.add_row("created", state.created_at.isoformat(timespec="seconds"))
     table.add_row("last saved", age(state.saved_at))
     if state.answer is not None:
-        table.add_row("answer", state.answer[:300])
+        table.add_row("answer", Text(state.answer[:300]))
     if state.stop_reason:
-        table.add_row("stopped", state.stop_reason)
+        table.add_row("stopped", Text(state.stop_reason))
     console.print(table)
 
     if state.pending:
@@ -72,7 +73,9 @@ def show(state: RunState, console: Console) -> None:
             question = (
                 "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}"
             )
-            pending.add_row(approval.call_id, approval.tool, question, age(approval.asked_at))
+            pending.add_row(
+                Text(approval.call_id), Text(approval.tool), Text(question), age(approval.asked_at)
+            )
         console.print(pending)
 
     if state.markers:
@@ -81,7 +84,13 @@ def show(state: RunState, console: Console) -> None:
             markers.add_column(column)
         for call_id, marker in state.markers.items():
             files = ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-"
-            markers.add_row(call_id, marker.tool, marker.key, age(marker.started_at), files)
+            markers.add_row(
+                Text(call_id),
+                Text(marker.tool),
+                Text(marker.key),
+                age(marker.started_at),
+                Text(files),
+            )
         console.print(markers)
 
     reply = state.last_reply()
@@ -95,7 +104,7 @@ def show(state: RunState, console: Console) -> None:
             status = "-" if result is None else ("error" if result.is_error else "yes")
             if call.id in state.markers:
                 status = "[yellow]in doubt[/yellow]"
-            calls.add_row(call.id, call.name, call.arguments[:60], status)
+            calls.add_row(Text(call.id), Text(call.name), Text(call.arguments[:60]), status)
         console.print(calls)
 
 
@@ -118,7 +127,9 @@ def runs_table(
 
     listed = list_directory(store)
     for _, exc in listed.unreadable:
-        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
     shown = select(listed.summaries, phase=phase, sort=sort, limit=limit)
     broken = [run for run, _ in listed.unreadable] if phase is None else []
     # Written as text: rich takes seconds to lay out thousands of rows (listing.render).

@@ -36,7 +36,9 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
             )
         )
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)))
         return EXIT["usage"]
     return EXIT["done"]
 
@@ -57,7 +59,9 @@ def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> 
             )
         )
     except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)))
         return EXIT["usage"]
     console.print(run_id, highlight=False)
     return EXIT["done"]

@@ -158,14 +158,18 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             record_to=world.root / "recording.json",
         )
     except WorldError as exc:
-        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
         if not resuming:
             # Whatever of a world was made a moment ago belongs to no run.
             shutil.rmtree(worlds_dir(state_dir) / run_id, ignore_errors=True)
             errors.print("no run was started", highlight=False)
         return EXIT["failed"]
     except ModelError as exc:
-        errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        from rich.markup import escape  # the message may quote user text
+
+        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
         if not resuming:
             shutil.rmtree(world.root)  # made a moment ago for a run that never started
         return EXIT["usage"]
