@@ -1,7 +1,8 @@
-"""What the command line promises its callers: exit codes, and where a state directory keeps runs.
+"""What the command line promises its callers: exit codes, run directories, error lines.
 
-A low module, so that the demo's command (``durably.triage.cli``) and the
-library's (``durably.cli``) share them without one importing the other.
+Where a state directory keeps its runs, and how an error is printed. A low
+module, so that the demo's command (``durably.triage.cli``) and the library's
+(``durably.cli``) share them without one importing the other.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ import enum
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["EXIT", "Exit", "runs_dir"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["EXIT", "Exit", "print_error", "runs_dir"]
 
 
 class Exit(enum.IntEnum):
@@ -37,3 +41,10 @@ EXIT: Final[Mapping[str, Exit]] = MappingProxyType({code.name.lower(): code for 
 def runs_dir(state_dir: Path) -> Path:
     """Where the CLI keeps the run checkpoints of a state directory."""
     return state_dir / "runs"
+
+
+def print_error(errors: Console, problem: object) -> None:
+    """Print an error; its text (paths, IDs, what a person or model wrote) is never Rich markup."""
+    from rich.markup import escape
+
+    errors.print(f"[red]error:[/red] {escape(str(problem))}", soft_wrap=True, highlight=False)

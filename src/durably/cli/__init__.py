@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from .._exit import EXIT as EXIT
 from .._exit import Exit as Exit
+from .._exit import print_error
 from .._exit import runs_dir as runs_dir
 from ..errors import (
     ApprovalUnavailable,
@@ -111,9 +112,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except DurablyError as exc:
         if args.debug:
             raise
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
+        print_error(errors, exc)
         code = _exit_code(exc)
     except BrokenPipeError:
         # The reader went away (`| head`): nothing to say, and nobody to say it to.
@@ -128,13 +127,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             if exc.errno in _DISK_REFUSALS
             else "run the command again once that is mended"
         )
-        from rich.markup import escape  # the message may quote a user's path
-
-        errors.print(
-            f"[red]error:[/red] {escape(str(exc))}; {hint} (what was saved is kept)",
-            soft_wrap=True,
-            highlight=False,
-        )
+        print_error(errors, f"{exc}; {hint} (what was saved is kept)")
         code = EXIT["failed"]
     except KeyboardInterrupt:
         errors.print("interrupted; the run is saved where it stopped: run the command again")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._exit import EXIT
+from .._exit import EXIT, print_error
 from ..storechoice import StoreChoice, opened_store
 from ._args import positive_int
 
@@ -114,13 +114,6 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     return agent
 
 
-def _error(errors: Console, problem: object) -> None:
-    """Print an error; its text (paths, IDs, arguments a person typed) is never Rich markup."""
-    from rich.markup import escape
-
-    errors.print(f"[red]error:[/red] {escape(str(problem))}", soft_wrap=True, highlight=False)
-
-
 # -- durably pending ---------------------------------------------------------------------
 
 
@@ -162,11 +155,11 @@ def _cmd_pending(args: argparse.Namespace, console: Console, errors: Console) ->
     try:
         choice = choose_store(args)
     except ValueError as exc:
-        _error(errors, exc)
+        print_error(errors, exc)
         return EXIT["usage"]
     rows, unreadable = asyncio.run(_pending(choice))
     for problem in unreadable:
-        _error(errors, problem)
+        print_error(errors, problem)
     if args.json:
         import json
 
@@ -214,7 +207,7 @@ def _cmd_answer(args: argparse.Namespace, console: Console, errors: Console) -> 
         choice = choose_store(args)
         given = parse_answer(args.answer, reason=args.reason, result=args.result)
     except ValueError as exc:
-        _error(errors, exc)
+        print_error(errors, exc)
         return EXIT["usage"]
 
     async def save() -> None:
@@ -255,7 +248,7 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
         has_store = bool(args.store or args.state is not None or args.dsn)
         choice = choose_store(args) if has_store else None
     except ValueError as exc:
-        _error(errors, exc)
+        print_error(errors, exc)
         return EXIT["usage"]
 
     async def go() -> Any:
@@ -286,7 +279,7 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
     try:
         outcome = asyncio.run(go())
     except ValueError as exc:
-        _error(errors, exc)
+        print_error(errors, exc)
         return EXIT["usage"]
     if outcome.status == "paused":
         console.print(
@@ -311,7 +304,7 @@ def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) ->
     try:
         choice = choose_store(args)
     except ValueError as exc:
-        _error(errors, exc)
+        print_error(errors, exc)
         return EXIT["usage"]
     try:
         from ..console.server import serve

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._exit import EXIT, runs_dir
+from .._exit import EXIT, print_error, runs_dir
 from ._args import positive_int, state_option
 from ._args import run_id as run_id_arg
 
@@ -127,9 +127,7 @@ def runs_table(
 
     listed = list_directory(store)
     for _, exc in listed.unreadable:
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
+        print_error(errors, exc)
     shown = select(listed.summaries, phase=phase, sort=sort, limit=limit)
     broken = [run for run, _ in listed.unreadable] if phase is None else []
     # Written as text: rich takes seconds to lay out thousands of rows (listing.render).

@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._exit import EXIT
 from ._args import output_file, positive_int
@@ -21,6 +21,28 @@ if TYPE_CHECKING:
     from ..stores.file import FileStore
 
 __all__ = ["add_sweep_command"]
+
+
+class _Report(Protocol):
+    """What every sweep's report gives the command: its table, its JSON, its problems."""
+
+    def text(self) -> str: ...
+    def to_json(self) -> dict[str, Any]: ...
+    def problems(self) -> list[str]: ...
+
+
+def _finish(report: _Report, args: argparse.Namespace, errors: Console, most: int | None) -> int:
+    """Write the report where ``--text``/``--json`` ask, name its problems; the exit code."""
+    from rich.markup import escape
+
+    if args.text:
+        args.text.write_text(report.text())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    problems = report.problems()
+    for problem in problems[:most]:
+        errors.print(f"[red]problem:[/red] {escape(problem)}", highlight=False)
+    return EXIT["failed"] if problems else EXIT["done"]
 
 
 def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
@@ -188,14 +210,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             style=bad,
         )
     console.print(table)
-    if args.text:
-        args.text.write_text(report.text())
-    if args.json:
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    problems = report.problems()
-    for problem in problems:
-        errors.print(f"[red]problem:[/red] {problem}")
-    return EXIT["failed"] if problems else EXIT["done"]
+    return _finish(report, args, errors, most=None)
 
 
 def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -218,14 +233,7 @@ def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) 
         progress=_printer(errors, "system-call sweep"),
     )
     console.print(report.text(), highlight=False, markup=False)
-    if args.text:
-        args.text.write_text(report.text())
-    if args.json:
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    problems = report.problems()
-    for problem in problems[:20]:
-        errors.print(f"[red]problem:[/red] {problem}", highlight=False)
-    return EXIT["failed"] if problems else EXIT["done"]
+    return _finish(report, args, errors, most=20)
 
 
 def _random_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -243,14 +251,7 @@ def _random_sweep(args: argparse.Namespace, console: Console, errors: Console) -
         progress=_printer(errors, "random sweep"),
     )
     console.print(report.text(), highlight=False, markup=False)
-    if args.text:
-        args.text.write_text(report.text())
-    if args.json:
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    problems = report.problems()
-    for problem in problems[:20]:
-        errors.print(f"[red]problem:[/red] {problem}", highlight=False)
-    return EXIT["failed"] if problems else EXIT["done"]
+    return _finish(report, args, errors, most=20)
 
 
 def _printer(errors: Console, what: str) -> Callable[[int, int], None]:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._exit import EXIT
+from .._exit import EXIT, print_error
 from ._args import positive_amount, positive_int
 
 if TYPE_CHECKING:
@@ -36,9 +36,7 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
             )
         )
     except ValueError as exc:
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)))
+        print_error(errors, exc)
         return EXIT["usage"]
     return EXIT["done"]
 
@@ -59,9 +57,7 @@ def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> 
             )
         )
     except ValueError as exc:
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)))
+        print_error(errors, exc)
         return EXIT["usage"]
     console.print(run_id, highlight=False)
     return EXIT["done"]

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import faults
-from .._exit import EXIT, runs_dir
+from .._exit import EXIT, print_error, runs_dir
 from .._sysio import write_file
 from ..approval import Approver, PolicyApprover, TerminalApprover
 from ..decisions import AskLater
@@ -158,18 +158,14 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
             record_to=world.root / "recording.json",
         )
     except WorldError as exc:
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
+        print_error(errors, exc)
         if not resuming:
             # Whatever of a world was made a moment ago belongs to no run.
             shutil.rmtree(worlds_dir(state_dir) / run_id, ignore_errors=True)
             errors.print("no run was started", highlight=False)
         return EXIT["failed"]
     except ModelError as exc:
-        from rich.markup import escape  # the message may quote user text
-
-        errors.print("[red]error:[/red] " + escape(str(exc)), soft_wrap=True, highlight=False)
+        print_error(errors, exc)
         if not resuming:
             shutil.rmtree(world.root)  # made a moment ago for a run that never started
         return EXIT["usage"]
