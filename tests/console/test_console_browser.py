@@ -190,8 +190,8 @@ def test_a_stale_answer_and_a_forged_one_are_refused_in_the_browser(
     assert reason.get_attribute("value") == "not yet"
     browser.find_element(By.CSS_SELECTOR, ".question button.no").click()
 
-    alert = browser.find_element(By.CSS_SELECTOR, "[role=alert]")
-    assert "answer not saved: it was already answered (approved)" in alert.text
+    # The click posts the form: wait for the answer's page rather than read the old one.
+    wait_for(browser, "[role=alert]", "answer not saved: it was already answered (approved)")
     full_page(browser, shots / "stale-answer.png")
 
     # A form that does not carry the token (another site, a stale tab) gets 403.
