@@ -169,6 +169,7 @@ class RefundJob:
         return digest_files(files)
 
 
+@pytest.mark.timeout(300)  # 116-120 s seen on a loaded 2-core machine
 def test_a_job_built_from_the_public_api_sweeps_clean_at_depth_two() -> None:
     """A refund job swept at every crash point, twice over, never duplicates or loses a refund."""
     report = assert_clean(RefundJob(), configs=CONFIGS[:3], depth=2, jobs=2)
