@@ -210,12 +210,10 @@ class InGraphFloor(InMemorySaver):
     def __init__(self, path: Path, sizes: dict[str, list[int]], *, serial: bool) -> None:
         super().__init__()
         self.sizes = sizes
-        self.fds = {}
-        for kind in ("put", "writes"):
-            # Serial: one file. Not serial: a file per kind, as two logs would be.
+        self.fds: dict[str, int] = {}
+        # Serial: one file for both kinds. Not serial: a file per kind, as two logs would be.
+        for kind in ("put",) if serial else ("put", "writes"):
             name = path if serial else path.with_suffix(f".{kind}.log")
-            if name in self.fds.values():
-                continue
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
             os.posix_fallocate(fd, 0, 2 * sum(sum(each) for each in sizes.values()) + (1 << 20))
             self.fds[kind] = fd
@@ -318,7 +316,7 @@ def drive(savers: dict[str, Any], rounds: int, floors: list[Floor], *, tag: int)
 
 
 def run_once(
-    base: Path, rounds: int, dsn: str | None, tag: int, sizes: dict[str, list[int]]
+    base: Path, rounds: int, dsn: str | None, tag: int, call_bytes: dict[str, list[int]]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, int], float]:
     """One interleaved run of every saver: (rows by saver, bytes on disk, wall seconds)."""
     postgres_cm = None
@@ -334,7 +332,7 @@ def run_once(
         conn.execute("PRAGMA synchronous=FULL")
         savers["SqliteSaver"] = sqlite
         for name, serial in (("in-graph floor", False), ("serial floor", True)):
-            floor_saver = timed(InGraphFloor)(base / f"{name[:-6]}.log", sizes, serial=serial)
+            floor_saver = timed(InGraphFloor)(base / f"{name[:-6]}.log", call_bytes, serial=serial)
             floor_saver.timed_init()
             savers[name] = floor_saver
         wal_start = 0

@@ -126,7 +126,7 @@ def test_a_version_1_header_without_a_checksum_still_reads(tmp_path: Path) -> No
     with DurablySaver(tmp_path) as saver:
         _put(saver, 2, "b")
         saver.prune(["t"])
-    assert json.loads((tmp_path / "t.json").read_bytes())["format"] == 2
+    assert json.loads((tmp_path / "t.json").read_bytes())["format"] == 3
     assert _latest(tmp_path) == "b"
 
 
