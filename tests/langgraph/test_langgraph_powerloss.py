@@ -1,12 +1,13 @@
 """The power-loss model (``durably.sweep.powerloss``) over DurablySaver's files.
 
-A real agent run, then a prune, are recorded on a ``PowerLossFS``. At every
-point of the op log (the run writes the thread's log and its writes log, the
-prune rewrites both into the next generation's log), every disk a power cut may leave (unsynced data lost, kept,
-torn or garbage; unsynced directory operations undone, in any order that keeps
-operations on one name in order) is loaded by a fresh saver, which must take the
-thread over and find the last checkpoint whose ``put`` returned, or the one in
-progress, with every pending write whose ``put_writes`` returned.
+A real agent run, then a prune, are recorded on a ``PowerLossFS``: the run
+writes the thread's log and its writes log, the prune rewrites both into the
+next generation's log. At every point of the op log, every disk a power cut may
+leave (unsynced data lost, kept, torn or garbage; unsynced directory operations
+undone, in any order that keeps operations on one name in order) is loaded by
+a fresh saver, which must take the thread over and find the last checkpoint
+whose ``put`` returned, or the one in progress, with every pending write whose
+``put_writes`` returned.
 """
 
 from __future__ import annotations

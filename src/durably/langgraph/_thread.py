@@ -567,7 +567,7 @@ class ThreadStore(JournalStore):
             raise CheckpointCorrupt(
                 path=path, reason=f"torn or not a thread header ({exc})"
             ) from exc
-        if header.format not in (1, FORMAT):
+        if header.format not in (1, 2, FORMAT):
             raise CheckpointCorrupt(path=path, reason=f"unknown thread format {header.format}")
         if header.format >= 2 and header.crc != _header_crc(
             header.format, header.thread_id, header.generation
