@@ -17,11 +17,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "langgraph"))
 
 from _lg_agent import build, question  # noqa: E402
+from langchain_core.runnables import RunnableConfig  # noqa: E402
 
 from durably.langgraph import DurablySaver  # noqa: E402
 
 shutil.rmtree(HERE / "threads", ignore_errors=True)
-config = {"configurable": {"thread_id": "old"}}
+config: RunnableConfig = {"configurable": {"thread_id": "old"}}
 with DurablySaver(HERE / "threads") as saver:
     build(saver, rounds=2).invoke(question(), config, durability="sync")
     expected = {
