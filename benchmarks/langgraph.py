@@ -23,6 +23,11 @@ its client only sends the rows.
   turns, each of its calls is replayed as one write of the same size on a bare
   file, as an append + ``fdatasync`` (``append floor``, the saver's old append)
   and as an ``O_DSYNC`` write into reserved space (``reserved floor``, its append now).
+- in-graph floors (:class:`InGraphFloor`): savers run in their own graph in the
+  same rotation, whose calls each do one ``O_DSYNC`` write of DurablySaver's
+  size and nothing else, on a file per kind (``in-graph floor``) or serially on
+  one (``serial floor``): the lowest per-step latency a durable saver can have
+  inside LangGraph here. Informative: the targets stay on DurablySaver.
 
 The whole comparison runs ``--repeat`` times (5 by default), each time on fresh
 files; each run's ratios are printed, and the verdict is on the median of each
