@@ -7,15 +7,18 @@ written before it (format 2) still read and go on.
 from __future__ import annotations
 
 import json
+import operator
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from _lg_agent import build
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
 
 from durably import CheckpointCorrupt
 from durably._sysio import FileSystem
@@ -180,3 +183,57 @@ def test_a_format_2_thread_reads_goes_on_in_one_log_and_a_prune_makes_it_format_
     assert again.checkpoint["id"] == final.checkpoint["id"]
     messages = again.checkpoint["channel_values"]["messages"]
     assert len(messages) > len(latest.checkpoint["channel_values"]["messages"])
+
+
+class FanState(TypedDict):
+    """The fan-out graph's state: what each task saw."""
+
+    seen: Annotated[list[str], operator.add]
+
+
+def _fan_out(saver: Any) -> Any:
+    """A graph whose every superstep runs four tasks at once, each writing (20 supersteps)."""
+    names = ["a", "b", "c", "d"]
+
+    def node(name: str) -> Any:
+        def run(state: FanState) -> dict[str, list[str]]:
+            return {"seen": [f"{name}{len(state['seen'])}"]}
+
+        return run
+
+    def again(state: FanState) -> list[str] | str:
+        return names if len(state["seen"]) < 100 else END
+
+    graph = StateGraph(FanState)
+    for name in names:
+        graph.add_node(name, node(name))
+        graph.add_edge(START, name)
+    graph.add_node("join", lambda state: {"seen": ["j"]})
+    graph.add_edge(names, "join")
+    graph.add_conditional_edges("join", again, [*names, END])
+    return graph.compile(checkpointer=saver)
+
+
+def test_parallel_tasks_writes_all_land_and_read_back_as_an_in_memory_saver_has_them(
+    tmp_path: Path,
+) -> None:
+    """Four tasks a step saving writes at once, beside the step's put, lose and mix up nothing."""
+    config: RunnableConfig = {"configurable": {"thread_id": "t"}, "recursion_limit": 1000}
+    reference = InMemorySaver()
+    _fan_out(reference).invoke({"seen": []}, config, durability="sync")
+    with DurablySaver(tmp_path) as saver:
+        _fan_out(saver).invoke({"seen": []}, config, durability="sync")
+    assert list(tmp_path.glob("t.1.wlog"))
+
+    def shape(saver: Any) -> list[tuple[int, list[tuple[str, Any]]]]:
+        return [
+            (
+                len(found.checkpoint["channel_values"].get("seen", [])),
+                sorted((channel, repr(value)) for _, channel, value in found.pending_writes or []),
+            )
+            for found in saver.list(config)
+        ]
+
+    with DurablySaver(tmp_path) as reread:
+        assert shape(reread) == shape(reference)
+        assert len(shape(reread)) > 40
