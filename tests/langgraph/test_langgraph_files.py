@@ -91,6 +91,7 @@ def test_a_damaged_record_is_told_from_a_torn_one_before_reserved_space(reservin
     for name, image in (("torn", torn), ("damaged", damaged)):
         (reserving / name).mkdir()
         shutil.copy(reserving / "threads" / "t.json", reserving / name)
+        shutil.copy(reserving / "threads" / "t.1.wlog", reserving / name)
         (reserving / name / "t.1.log").write_bytes(bytes(image) + bytes(16 << 10))
     assert _latest(reserving / "torn") == "v" * 50 + "2"
     with pytest.raises(CheckpointCorrupt, match="a damaged record at byte"):

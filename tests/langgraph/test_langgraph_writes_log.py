@@ -142,6 +142,18 @@ def test_a_torn_last_writes_record_is_cut_and_damage_before_a_whole_one_is_corru
         _writes(damaged, 1)
 
 
+def test_a_missing_writes_log_is_corrupt_when_read_and_when_claimed(tmp_path: Path) -> None:
+    """The writes log is made with its generation: one gone missing is damage, not "no writes"."""
+    with DurablySaver(tmp_path) as saver:
+        _put(saver, 1)
+    assert (tmp_path / "t.1.wlog").read_bytes() == b""  # made empty with the log
+    (tmp_path / "t.1.wlog").unlink()
+    with pytest.raises(CheckpointCorrupt, match=r"t\.1\.wlog"):
+        _writes(tmp_path, 1)
+    with DurablySaver(tmp_path) as saver, pytest.raises(CheckpointCorrupt, match="missing"):
+        _put_writes(saver, 1, "a")
+
+
 def test_a_format_2_thread_reads_goes_on_in_one_log_and_a_prune_makes_it_format_3(
     tmp_path: Path,
 ) -> None:

@@ -229,8 +229,8 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 if not items:
                     return
                 if not (handle.exists and handle.split and handle.writes_log_open):
-                    # A new thread, a format 2 one, or the first writes of a generation
-                    # (whose log is created, and the directory synced): under the lock.
+                    # A new thread, a format 2 one, or the first writes since the claim
+                    # (the writes log is opened): under the lock.
                     handle.append(
                         Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
                     )

@@ -9,7 +9,7 @@ is the thread ID when it is made of letters, digits, ``-`` and ``_``, else
     <key>.<G>.log     the thread's records, each written and flushed by one put (or, in a
                       format 2 thread, put_writes), and those a rewrite carries
     <key>.<G>.wlog    format 3: the tasks' pending writes, each written and flushed by one
-                      put_writes; missing until the generation's first one
+                      put_writes; made (empty) with the log, so a missing one is damage
     <key>.lock        flock'ed by the one process writing the thread; never deleted
 
 The pending writes have a log of their own so that a ``put`` need not wait
@@ -470,7 +470,9 @@ class ThreadStore(JournalStore):
             writes_valid = 0
             if header.format >= _SPLIT_FORMAT:
                 wname = writes_log_name(key, header.generation)
-                wdata = self._read_trusted(wname, key, dir_fd) or b""
+                wdata = self._read_trusted(wname, key, dir_fd)
+                if wdata is None:
+                    raise self._missing_log(wname, thread_id)
                 writes_valid = replay_writes(index, wdata, path=self._path(wname))
                 if writes_valid < len(wdata):
                     handle._cut_tail(wname, writes_valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
@@ -498,14 +500,17 @@ class ThreadStore(JournalStore):
                 return None
             name = _log_name(key, header.generation)
             data = self._read_trusted(name, key, dir_fd)
-            wdata, wname = b"", ""
+            wdata: bytes | None = b""
+            wname = ""
             if header.format >= _SPLIT_FORMAT:
                 wname = writes_log_name(key, header.generation)
-                wdata = self._read_trusted(wname, key, dir_fd) or b""
+                wdata = self._read_trusted(wname, key, dir_fd)
             again = self._read_header(key, thread_id, dir_fd)
             if again is not None and again.generation == header.generation:
                 if data is None:
                     raise self._missing_log(name, thread_id)
+                if wdata is None:
+                    raise self._missing_log(wname, thread_id)
                 index = replay(data, path=self._path(name))[0]
                 if wdata:
                     replay_writes(index, wdata, path=self._path(wname))
@@ -651,7 +656,7 @@ class ThreadLog(JournalRun):
 
     @property
     def writes_log_open(self) -> bool:
-        """True when the writes log is open: an append to it needs no directory sync."""
+        """True when the writes log is open (it is opened by the first append after a claim)."""
         return self._writes.fd is not None
 
     def _append(self, record: bytes) -> None:
@@ -673,8 +678,8 @@ class ThreadLog(JournalRun):
         that thread blocks or the switch interval forces it out).
         """
         store, fs = self._journal, self._journal.fs
-        new_log = log_file.fd is None and log_file.size == 0
-        if log_file.fd is None:
+        new_log = log_file is self._main and log_file.fd is None and log_file.size == 0
+        if log_file.fd is None:  # the writes log is made by the rewrite that makes the log
             log_file.fd = self._open_log(log_file, name, new_log=new_log)
         fd = log_file.fd
         end = log_file.size + len(record)
@@ -806,6 +811,10 @@ class ThreadLog(JournalRun):
         self._generation = old + 1
         self._main, self._writes = _LogFile(), _LogFile()
         try:
+            # The writes log is made empty first: the directory sync of the log's
+            # first append then makes both names durable before the header names them.
+            wname = writes_log_name(self._run_id, self._generation)
+            self._writes.fd = self._open_log(self._writes, wname, new_log=True)
             self._append(b"".join(frame(record) for record in records))
             faults.point("langgraph.rewrite.log_synced")
             self._write_snapshot(_header(self.thread_id, old + 1))
