@@ -23,6 +23,11 @@ its client only sends the rows.
   turns, each of its calls is replayed as one write of the same size on a bare
   file, as an append + ``fdatasync`` (``append floor``, the saver's old append)
   and as an ``O_DSYNC`` write into reserved space (``reserved floor``, its append now).
+- in-graph floors (:class:`InGraphFloor`): savers run in their own graph in the
+  same rotation, whose calls each do one ``O_DSYNC`` write of DurablySaver's
+  size and nothing else, on a file per kind (``in-graph floor``) or serially on
+  one (``serial floor``): the lowest per-step latency a durable saver can have
+  inside LangGraph here. Informative: the targets stay on DurablySaver.
 
 The whole comparison runs ``--repeat`` times (5 by default), each time on fresh
 files; each run's ratios are printed, and the verdict is on the median of each
@@ -60,6 +65,7 @@ sys.path.insert(0, str(ROOT / "tests" / "stores"))
 
 from _lg_agent import build, question  # noqa: E402
 from _pg_cluster import Cluster  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 
 from durably._sysio import filesystem_type  # noqa: E402
@@ -189,6 +195,93 @@ class Floor:
         os.close(self.fd)
 
 
+class InGraphFloor(InMemorySaver):
+    """The lowest per-step cost a durable saver can have inside LangGraph: one write per call.
+
+    Run in its own graph beside the real savers, its ``put`` and ``put_writes``
+    each do exactly one ``O_DSYNC`` write, into space reserved ahead, of as many
+    bytes as DurablySaver's call of the same kind and rank wrote (``sizes``,
+    recorded beforehand), and nothing else: no encoding, no index, no state
+    stored (the graph never reads a checkpoint back during a run). What is left
+    is the disk's time and LangGraph's own threads around the calls.
+
+    ``serial=False``: puts and put_writes write to a file each, at once, so a
+    ``put`` does not wait for the step's ``put_writes`` to finish (as a checkpoint
+    log and a writes log would allow). ``serial=True``: a lock is
+    held across each write, as one log needs (a put waits for the step's
+    ``put_writes``), which is what DurablySaver does.
+    """
+
+    def __init__(self, path: Path, sizes: dict[str, list[int]], *, serial: bool) -> None:
+        super().__init__()
+        self.sizes = sizes
+        self.fds: dict[str, int] = {}
+        # Serial: one file for both kinds. Not serial: a file per kind, as two logs would be.
+        for kind in ("put",) if serial else ("put", "writes"):
+            name = path if serial else path.with_suffix(f".{kind}.log")
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
+            os.posix_fallocate(fd, 0, 2 * sum(sum(each) for each in sizes.values()) + (1 << 20))
+            self.fds[kind] = fd
+        self.fds.setdefault("writes", self.fds["put"])
+        self.payload = memoryview(b"\1" * max(max(each, default=1) for each in sizes.values()))
+        self.counts = {"put": 0, "writes": 0}
+        self.ends = dict.fromkeys(self.fds.values(), 0)
+        self.offsets = threading.Lock()
+        self.serial = threading.Lock() if serial else None
+
+    def _write(self, kind: str) -> None:
+        with self.offsets:
+            rank = self.counts[kind]
+            self.counts[kind] += 1
+            sizes = self.sizes[kind]
+            size = sizes[min(rank, len(sizes) - 1)]
+            fd = self.fds[kind]
+            offset = self.ends[fd]
+            self.ends[fd] += size
+        if self.serial is not None:
+            with self.serial:
+                os.pwrite(fd, self.payload[:size], offset)
+        else:
+            os.pwrite(fd, self.payload[:size], offset)
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        """One durable write; the config LangGraph expects back."""
+        self._write("put")
+        configurable = config["configurable"]
+        return {
+            "configurable": {
+                "thread_id": configurable["thread_id"],
+                "checkpoint_ns": configurable.get("checkpoint_ns", ""),
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        """One durable write."""
+        self._write("writes")
+
+    def close(self) -> None:
+        """Close the floor's files."""
+        for fd in set(self.fds.values()):
+            os.close(fd)
+
+
+def call_sizes(base: Path, rounds: int) -> dict[str, list[int]]:
+    """The bytes DurablySaver writes in each put and put_writes of one run, in order."""
+    saver = timed(DurablySaver)(base, sync=False)
+    saver.timed_init()
+    try:
+        config = {"configurable": {"thread_id": "sizes"}, "recursion_limit": 10_000}
+        for _ in build(saver, rounds=rounds).stream(question(), config, durability="sync"):
+            pass
+    finally:
+        saver.close()
+    sizes: dict[str, list[int]] = {"put": [], "writes": []}
+    for kind, _, count in saver.calls:
+        sizes[kind].append(count)
+    return sizes
+
+
 def timed(cls: type) -> Any:
     """A subclass of a saver class with :class:`Timed` mixed in (built at run time: ``Any``)."""
     return type(f"Timed{cls.__name__}", (Timed, cls), {})
@@ -228,7 +321,7 @@ def drive(savers: dict[str, Any], rounds: int, floors: list[Floor], *, tag: int)
 
 
 def run_once(
-    base: Path, rounds: int, dsn: str | None, tag: int
+    base: Path, rounds: int, dsn: str | None, tag: int, call_bytes: dict[str, list[int]]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, int], float]:
     """One interleaved run of every saver: (rows by saver, bytes on disk, wall seconds)."""
     postgres_cm = None
@@ -243,6 +336,10 @@ def run_once(
         sqlite.setup()
         conn.execute("PRAGMA synchronous=FULL")
         savers["SqliteSaver"] = sqlite
+        for name, serial in (("in-graph floor", False), ("serial floor", True)):
+            floor_saver = timed(InGraphFloor)(base / f"{name[:-6]}.log", call_bytes, serial=serial)
+            floor_saver.timed_init()
+            savers[name] = floor_saver
         wal_start = 0
         if dsn is not None:
             from langgraph.checkpoint.postgres import PostgresSaver
@@ -287,7 +384,7 @@ def run_once(
         if postgres_cm is not None:
             postgres_cm.__exit__(None, None, None)
         for saver in savers.values():
-            if isinstance(saver, DurablySaver):
+            if isinstance(saver, DurablySaver | InGraphFloor):
                 saver.close()
     # After close: a saver that preallocates its log gives back what it did not use.
     sizes = {
@@ -322,10 +419,11 @@ def main() -> None:
             dsn = cluster.dsn
         if args.no_postgres:
             dsn = None
+        call_bytes = call_sizes(top / "sizes", args.rounds)
         for number in range(1, args.repeat + 1):
             base = top / f"run{number}"
             base.mkdir()
-            rows, sizes, wall = run_once(base, args.rounds, dsn, number)
+            rows, sizes, wall = run_once(base, args.rounds, dsn, number, call_bytes)
             runs.append({"rows": rows, "sizes": sizes, "wall": wall, "ratios": ratios(rows)})
             print(f"run {number}/{args.repeat}: " + format_ratios(runs[-1]["ratios"]), flush=True)
     finally:
@@ -357,6 +455,10 @@ def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
         "append floor p99": rows["append floor"]["p99_ms"] / sqlite["p99_ms"],
         "reserved floor median": floor["median_ms"] / sqlite["median_ms"],
         "reserved floor p99": floor["p99_ms"] / sqlite["p99_ms"],
+        "in-graph floor median": rows["in-graph floor"]["median_ms"] / sqlite["median_ms"],
+        "in-graph floor p99": rows["in-graph floor"]["p99_ms"] / sqlite["p99_ms"],
+        "serial floor median": rows["serial floor"]["median_ms"] / sqlite["median_ms"],
+        "serial floor p99": rows["serial floor"]["p99_ms"] / sqlite["p99_ms"],
     }
     if "PostgresSaver" in rows:
         pg = rows["PostgresSaver"]
@@ -427,6 +529,16 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
     print("  append floor: at the end of a growing file, then fdatasync (the saver's old append)")
     print("  reserved floor: O_DSYNC, into space reserved ahead (the saver's append now)")
     print(
+        "in-graph floors: savers run in their own graph whose put and put_writes each do one "
+        "O_DSYNC write of DurablySaver's size for that call, and nothing else:"
+    )
+    print("  in-graph floor: puts and put_writes to a file each, at once (a put does not wait)")
+    print("  serial floor: one write at a time, as one log needs (a put waits, as DurablySaver's)")
+    print(
+        "  the lowest per-step latency any durable saver can have inside LangGraph here; "
+        "for information, the targets are on DurablySaver"
+    )
+    print(
         "in-flight med: per step, the time at least one of its calls ran (a put waiting for "
         "the step's put_writes counted once); for information, the targets are on median"
     )
@@ -449,6 +561,13 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
             f"{floor} / SqliteSaver median {statistics.median(found[floor + ' median']):.3f}x, "
             f"p99 {statistics.median(found[floor + ' p99']):.3f}x"
         )
+    for floor in ("in-graph floor", "serial floor"):
+        parts = []
+        for key in ("median", "p99"):
+            ratio = statistics.median(found[f"{floor} {key}"])
+            reach = "within" if ratio <= TARGETS[key] else "above"
+            parts.append(f"{key} {ratio:.3f}x ({reach} the {TARGETS[key]}x target)")
+        print(f"{floor} / SqliteSaver " + ", ".join(parts))
     if "pg median" in found:
         print(
             f"DurablySaver / PostgresSaver median {statistics.median(found['pg median']):.3f}x, "

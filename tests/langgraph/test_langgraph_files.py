@@ -91,6 +91,7 @@ def test_a_damaged_record_is_told_from_a_torn_one_before_reserved_space(reservin
     for name, image in (("torn", torn), ("damaged", damaged)):
         (reserving / name).mkdir()
         shutil.copy(reserving / "threads" / "t.json", reserving / name)
+        shutil.copy(reserving / "threads" / "t.1.wlog", reserving / name)
         (reserving / name / "t.1.log").write_bytes(bytes(image) + bytes(16 << 10))
     assert _latest(reserving / "torn") == "v" * 50 + "2"
     with pytest.raises(CheckpointCorrupt, match="a damaged record at byte"):
@@ -126,7 +127,7 @@ def test_a_version_1_header_without_a_checksum_still_reads(tmp_path: Path) -> No
     with DurablySaver(tmp_path) as saver:
         _put(saver, 2, "b")
         saver.prune(["t"])
-    assert json.loads((tmp_path / "t.json").read_bytes())["format"] == 2
+    assert json.loads((tmp_path / "t.json").read_bytes())["format"] == 3
     assert _latest(tmp_path) == "b"
 
 

@@ -1,11 +1,13 @@
 """The power-loss model (``durably.sweep.powerloss``) over DurablySaver's files.
 
-A real agent run, then a prune, are recorded on a ``PowerLossFS``. At every
-point of the op log, every disk a power cut may leave (unsynced data lost, kept,
-torn or garbage; unsynced directory operations undone, in any order that keeps
-operations on one name in order) is loaded by a fresh saver, which must take the
-thread over and find the last checkpoint whose ``put`` returned, or the one in
-progress, with every pending write whose ``put_writes`` returned.
+A real agent run, then a prune, are recorded on a ``PowerLossFS``: the run
+writes the thread's log and its writes log, the prune rewrites both into the
+next generation's log. At every point of the op log, every disk a power cut may
+leave (unsynced data lost, kept, torn or garbage; unsynced directory operations
+undone, in any order that keeps operations on one name in order) is loaded by
+a fresh saver, which must take the thread over and find the last checkpoint
+whose ``put`` returned, or the one in progress, with every pending write whose
+``put_writes`` returned.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(
     with faults.installed(faults.CrashPlan(on_point=fs.mark)):
         saver = Marking(root / "threads", fs)
         build(saver, rounds=1).invoke(question(), THREAD, durability="sync")
+        assert list((root / "threads").glob("t.1.wlog")), "the run wrote no writes log"
         saver.prune(["t"])
         saver.close()
     assert sum(kind == "returned" and w[0] == "put" for _, kind, w in saver.events) >= 4

@@ -2,7 +2,16 @@
 
 The synchronous methods are the core (LangGraph's sync graphs call them from
 worker threads); the async ones run them in a worker thread when the saver
-syncs to disk, as durably's stores do. One lock serializes every call.
+syncs to disk, as durably's stores do. One lock serializes every call, with
+one exception: a ``put_writes`` on a format 3 thread flushes its record to the
+writes log without holding it, so that the step's ``put`` (LangGraph starts it
+while the step's writes are still being saved) need not wait for that flush;
+the flushed record is queued on the handle and applied to its index by the
+next holder of the lock that reads the index (``ThreadLog.index``). While it
+flushes, the handle is ``busy``: a second ``put_writes`` on the thread waits
+(one append at a time per log), and whatever closes or rewrites the handle
+waits first (:meth:`DurablySaver._quiesce`, :meth:`DurablySaver.release`). Those
+waits hold the lock, which the flush in progress never needs again.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from ._thread import (
     ThreadLog,
     ThreadStore,
     Writes,
+    frame,
     value_chain,
 )
 
@@ -95,10 +105,14 @@ class DurablySaver(BaseCheckpointSaver[str]):
             self.store.close_sync()
 
     def release(self, thread_id: str) -> None:
-        """Stop writing a thread: its lock is freed for another process."""
+        """Stop writing a thread: its lock is freed for another process.
+
+        Waits for a ``put_writes`` flushing to the thread's writes log to finish.
+        """
         with self._lock:
             handle = self._owned.pop(thread_id, None)
             if handle is not None:
+                handle.idle.wait()
                 handle.close_sync()
 
     def __enter__(self) -> Self:
@@ -205,20 +219,57 @@ class DurablySaver(BaseCheckpointSaver[str]):
             (WRITES_IDX_MAP.get(channel, position), channel, *self.serde.dumps_typed(value))
             for position, (channel, value) in enumerate(writes)
         ]  # before the lock, as in put
-        with self._writing(thread_id) as handle:
-            taken = handle.index.write_keys_taken(ns, checkpoint_id)
-            # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
-            items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in taken]
-            if not items:
-                return
-            handle.append(
-                Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
-            )
-            faults.point("langgraph.writes.saved")
+        with self._lock:
+            handle = self._ready(thread_id)
+            handle.idle.wait()  # one append at a time per log; the one in progress needs no lock
+            try:
+                taken = handle.index.write_keys_taken(ns, checkpoint_id)
+                # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
+                items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in taken]
+                if not items:
+                    return
+                if not (handle.exists and handle.split and handle.writes_log_open):
+                    # A new thread, a format 2 one, or the first writes since the claim
+                    # (the writes log is opened): under the lock.
+                    handle.append(
+                        Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
+                    )
+                    faults.point("langgraph.writes.saved")
+                    return
+                handle._check_usable()  # noqa: SLF001 -- the saver owns its handles: the closed, broken and lost-lock checks
+                record = Writes(handle.index.wseq + 1, ns, checkpoint_id, task_id, task_path, items)
+                framed = frame(record)
+            except BaseException:
+                self.release(thread_id)
+                raise
+            handle.busy = True
+            handle.idle.clear()
+        self._flush_writes(handle, record, framed)
+        faults.point("langgraph.writes.saved")
+
+    def _flush_writes(self, handle: ThreadLog, record: Writes, framed: bytes) -> None:
+        """Append a busy handle's writes record without the saver's lock, then queue it.
+
+        Nothing here takes the lock before the handle is idle again: holders of
+        the lock wait for that (see the module docstring).
+        """
+        try:
+            handle.append_writes_unlocked(framed)
+        except BaseException as exc:
+            handle.break_off(f"a write failed ({exc.__class__.__name__})")
+            with self._lock:
+                error = handle.writes_failed(exc) if isinstance(exc, OSError) else None
+                if self._owned.get(handle.thread_id) is handle:
+                    self.release(handle.thread_id)
+            if error is not None:
+                raise error from exc
+            raise
+        handle.flushed(record)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and writes (its lock file stays, as lock files do)."""
         with self._lock:
+            self._quiesce()
             handle = self._borrow(thread_id)
             try:
                 if handle.exists:
@@ -232,6 +283,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         with self._lock:
+            self._quiesce()
             for thread_id in self.store.thread_ids():
                 index = self._index(thread_id)
                 if index is None or not any(
@@ -257,6 +309,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread into another (added to what it has)."""
         with self._lock:
+            self._quiesce()
             source = self._index(source_thread_id)
             if source is None or not source.checkpoints:
                 return
@@ -282,6 +335,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
             known = ", ".join(PRUNE_STRATEGIES)
             raise ValueError(f"prune strategy {strategy!r} is not known; use one of {known}")
         with self._lock:
+            self._quiesce()
             for thread_id in thread_ids:
                 if strategy == "delete":
                     self.delete_thread(thread_id)
@@ -424,14 +478,28 @@ class DurablySaver(BaseCheckpointSaver[str]):
         again and reads what the disk says.
         """
         with self._lock:
-            if thread_id not in self._owned:
-                self._owned[thread_id] = self.store.claim_sync(thread_id)
-            handle = self._owned[thread_id]
+            handle = self._ready(thread_id)
             try:
                 yield handle
             except BaseException:
                 self.release(thread_id)
                 raise
+
+    def _ready(self, thread_id: str) -> ThreadLog:
+        """The owned thread, claimed if need be (under the lock)."""
+        handle = self._owned.get(thread_id)
+        if handle is None:
+            handle = self._owned[thread_id] = self.store.claim_sync(thread_id)
+        return handle
+
+    def _quiesce(self) -> None:
+        """Wait (under the lock) until no put_writes is flushing without it.
+
+        Called first by whatever closes, rewrites or deletes handles: once it
+        returns, and while the lock is held, no handle becomes busy.
+        """
+        for handle in list(self._owned.values()):
+            handle.idle.wait()
 
     def _borrow(self, thread_id: str) -> ThreadLog:
         if thread_id not in self._owned:

@@ -4,10 +4,23 @@ Per thread, in the saver's directory (0700), named after the thread (``<key>``
 is the thread ID when it is made of letters, digits, ``-`` and ``_``, else
 ``x.`` and a SHA-256 of it)::
 
-    <key>.json        {"format": 2, "thread_id": ..., "generation": G, "crc": ...}, replaced
+    <key>.json        {"format": 3, "thread_id": ..., "generation": G, "crc": ...}, replaced
                       crash-atomically; the CRC-32 covers the three fields before it
-    <key>.<G>.log     the thread's records, each written and flushed by one put or put_writes
+    <key>.<G>.log     the thread's records, each written and flushed by one put (or, in a
+                      format 2 thread, put_writes), and those a rewrite carries
+    <key>.<G>.wlog    format 3: the tasks' pending writes, each written and flushed by one
+                      put_writes; made (empty) with the log, so a missing one is damage
     <key>.lock        flock'ed by the one process writing the thread; never deleted
+
+The pending writes have a log of their own so that a ``put`` need not wait
+for the step's ``put_writes`` to be flushed (LangGraph starts the next
+checkpoint's ``put`` while the step's writes are still being saved): each log
+is appended by one call at a time, in order, so each keeps the torn-tail rule
+below, and neither log's records refer to the other's. A checkpoint made
+durable while the writes of its parent are not yet is no loss: those writes
+were not acknowledged, and the checkpoint after them no longer needs them.
+Format 2 threads (one log for both) are read and written as they are, until a
+rewrite (prune, delete_for_runs, copy_thread) makes them format 3.
 
 This is the journal store's layout and protocol (``durably.stores.journal``),
 reused rather than copied: the same framed, checksummed records, the same
@@ -19,6 +32,9 @@ records and the append differ. A record is a msgpack array, one of
   in ``new_versions``;
 - ``w`` a task's pending writes for one checkpoint;
 - ``b`` a blob on its own (written by rewrites: prune, delete_for_runs, copy_thread).
+
+Records in the main log are numbered 1, 2, ... in order; records in the
+writes log (``w`` only) have a numbering of their own, also from 1.
 
 A blob is a whole value, or, when the channel's new value is a list that extends
 the value last stored for that channel, only the appended items and the sequence
@@ -49,7 +65,9 @@ import logging
 import os
 import re
 import sys
+import threading
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -78,8 +96,12 @@ append calls ``FileSystem.datasync`` (``F_FULLFSYNC`` there) after its write."""
 _HEADER_SUFFIX = ".json"
 _LOCK_SUFFIX = ".lock"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-FORMAT = 2
-"""Version 2 headers carry a CRC-32; version 1 (no checksum) is still read."""
+FORMAT = 3
+"""Version 3 threads keep pending writes in a log of their own; version 2 (one log) and
+version 1 (one log, a header without a checksum) are still read, and written as they are."""
+_SPLIT_FORMAT = 3
+"""The first format with a writes log."""
+_WRITES_SUFFIX = ".wlog"
 _MIN_RESERVE = 16 << 10
 """Space reserved ahead of the log's end when it runs out: as much as the log holds (so
 an owned thread's file is at most twice its records), but at least this much..."""
@@ -192,6 +214,11 @@ _header_encoder = msgspec.json.Encoder()
 _header_decoder = msgspec.json.Decoder(_Header)
 
 
+def writes_log_name(key: str, generation: int) -> str:
+    """The name of a format 3 thread's writes log for one generation."""
+    return f"{key}.{generation}{_WRITES_SUFFIX}"
+
+
 def frame(record: Record) -> bytes:
     """A record framed as the journal frames its records (magic, length, CRC-32)."""
     return _frame(_encoder.encode(record))
@@ -229,6 +256,8 @@ class Index:
     )
     """(namespace, checkpoint ID) -> (task ID, idx) -> (task ID, channel, type, data, task path)."""
     seq: int = 0
+    wseq: int = 0
+    """The last record of the writes log (format 3); 0 before its first."""
     _by_seq: dict[tuple[int, str, str], Node] = field(default_factory=dict)
     _order: int = 0
 
@@ -237,15 +266,7 @@ class Index:
         if record.seq != self.seq + 1:
             raise CheckpointCorrupt(path=path, reason=f"record {record.seq} follows {self.seq}")
         if isinstance(record, Writes):
-            slot = self.writes.setdefault((record.ns, record.checkpoint_id), {})
-            for idx, channel, type_, data in record.items:
-                slot[(record.task_id, idx)] = (
-                    record.task_id,
-                    channel,
-                    type_,
-                    data,
-                    record.task_path,
-                )
+            self._add_writes(record)
         else:
             for blob in record.blobs:
                 self._add_node(record.seq, record.ns, blob, path=path)
@@ -253,6 +274,24 @@ class Index:
                 record.blobs = []
                 self.checkpoints.setdefault(record.ns, {})[record.id] = record
         self.seq = record.seq
+
+    def apply_writes(self, record: Record, *, path: str = "") -> None:
+        """Apply one record of the writes log (its seq must follow that log's last one)."""
+        if not isinstance(record, Writes):
+            raise CheckpointCorrupt(
+                path=path, reason=f"record {record.seq} of a writes log is not a task's writes"
+            )
+        if record.seq != self.wseq + 1:
+            raise CheckpointCorrupt(
+                path=path, reason=f"writes record {record.seq} follows {self.wseq}"
+            )
+        self._add_writes(record)
+        self.wseq = record.seq
+
+    def _add_writes(self, record: Writes) -> None:
+        slot = self.writes.setdefault((record.ns, record.checkpoint_id), {})
+        for idx, channel, type_, data in record.items:
+            slot[(record.task_id, idx)] = (record.task_id, channel, type_, data, record.task_path)
 
     def _add_node(self, seq: int, ns: str, blob: Blob, *, path: str) -> None:
         base = None
@@ -366,6 +405,15 @@ def replay(data: bytes, *, path: str) -> tuple[Index, int]:
     return index, valid
 
 
+def replay_writes(index: Index, data: bytes, *, path: str) -> int:
+    """Apply a writes log's valid records to ``index``; the length of those records."""
+    valid = 0
+    for record, end in records(data, path=path):
+        index.apply_writes(record, path=path)
+        valid = end
+    return valid
+
+
 # -- the store and its handles -----------------------------------------------------------
 
 
@@ -410,6 +458,7 @@ class ThreadStore(JournalStore):
             header = self._read_header(key, thread_id, dir_fd)
             if header is None:
                 self._remove_stale_logs(key, -1, dir_fd)
+                self._remove_stale_writes_logs(key, -1, dir_fd)
                 return handle
             name = _log_name(key, header.generation)
             data = self._read_trusted(name, key, dir_fd)
@@ -418,8 +467,24 @@ class ThreadStore(JournalStore):
             index, valid = replay(data, path=self._path(name))
             if valid < len(data):
                 handle._cut_tail(name, valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+            writes_valid = 0
+            if header.format >= _SPLIT_FORMAT:
+                wname = writes_log_name(key, header.generation)
+                wdata = self._read_trusted(wname, key, dir_fd)
+                if wdata is None:
+                    raise self._missing_log(wname, thread_id)
+                writes_valid = replay_writes(index, wdata, path=self._path(wname))
+                if writes_valid < len(wdata):
+                    handle._cut_tail(wname, writes_valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
             self._remove_stale_logs(key, header.generation, dir_fd)
-            handle._adopt_index(index, generation=header.generation, log_size=valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+            self._remove_stale_writes_logs(key, header.generation, dir_fd)
+            handle._adopt_index(  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+                index,
+                generation=header.generation,
+                log_size=valid,
+                split=header.format >= _SPLIT_FORMAT,
+                writes_size=writes_valid,
+            )
         except BaseException:
             handle.close_sync()
             raise
@@ -435,11 +500,21 @@ class ThreadStore(JournalStore):
                 return None
             name = _log_name(key, header.generation)
             data = self._read_trusted(name, key, dir_fd)
+            wdata: bytes | None = b""
+            wname = ""
+            if header.format >= _SPLIT_FORMAT:
+                wname = writes_log_name(key, header.generation)
+                wdata = self._read_trusted(wname, key, dir_fd)
             again = self._read_header(key, thread_id, dir_fd)
             if again is not None and again.generation == header.generation:
                 if data is None:
                     raise self._missing_log(name, thread_id)
-                return replay(data, path=self._path(name))[0]
+                if wdata is None:
+                    raise self._missing_log(wname, thread_id)
+                index = replay(data, path=self._path(name))[0]
+                if wdata:
+                    replay_writes(index, wdata, path=self._path(wname))
+                return index
         raise SaveFailed(
             run_id=thread_id,
             path=self._path(key + _HEADER_SUFFIX),
@@ -458,6 +533,16 @@ class ThreadStore(JournalStore):
                 if header is not None:
                     found.append(header.thread_id)
         return sorted(found)
+
+    def _remove_stale_writes_logs(self, key: str, generation: int, dir_fd: int) -> None:
+        """Remove writes logs of other generations than ``generation`` (-1: all of them)."""
+        prefix = key + "."
+        for name in self.fs.listdir(dir_fd):
+            if name.startswith(prefix) and name.endswith(_WRITES_SUFFIX):
+                middle = name[len(prefix) : -len(_WRITES_SUFFIX)]
+                if middle.isdigit() and int(middle) != generation:
+                    with suppress(FileNotFoundError):
+                        self.fs.unlink(name, dir_fd=dir_fd)
 
     def _missing_log(self, name: str, thread_id: str) -> CheckpointCorrupt:
         # A header is replaced only after the log it names is written, flushed and
@@ -487,7 +572,7 @@ class ThreadStore(JournalStore):
             raise CheckpointCorrupt(
                 path=path, reason=f"torn or not a thread header ({exc})"
             ) from exc
-        if header.format not in (1, FORMAT):
+        if header.format not in (1, 2, FORMAT):
             raise CheckpointCorrupt(path=path, reason=f"unknown thread format {header.format}")
         if header.format >= 2 and header.crc != _header_crc(
             header.format, header.thread_id, header.generation
@@ -500,28 +585,86 @@ class ThreadStore(JournalStore):
         return header
 
 
+@dataclass
+class _LogFile:
+    """One of a thread's open logs, as its owner appends to it."""
+
+    fd: int | None = None
+    size: int = 0
+    """The end of the last whole record."""
+    reserved: int = 0
+    """The file's size: past ``size``, space reserved by this handle (zeros)."""
+    reserving: bool = False
+
+
 class ThreadLog(JournalRun):
-    """Ownership of one thread: its lock, its open log and its index."""
+    """Ownership of one thread: its lock, its open logs and its index."""
 
     def __init__(self, store: ThreadStore, key: str, lock_fd: int, *, thread_id: str) -> None:
         super().__init__(store, key, lock_fd)
         self._threads = store
         self.thread_id = thread_id
-        self.index = Index()
+        self._index = Index()
+        self._flushed: deque[Writes] = deque()
+        """Writes records flushed without the saver's lock, not yet applied to the index."""
         self.exists = False
+        self.split = False
+        """True when pending writes go to the writes log (a format 3 thread)."""
         self.previous: dict[tuple[str, str], tuple[Node, list[Any]]] = {}
         """(namespace, channel) -> the tip node and its value as a list, for appends."""
-        self._reserved = 0
-        """The log file's size: past ``_log_size``, space reserved by this handle (zeros)."""
-        self._reserving = False
+        self._main = _LogFile()
+        self._writes = _LogFile()
+        self.busy = False
+        """A put_writes is appending to the writes log without the saver's lock (see the saver)."""
+        self.idle = threading.Event()
+        """Set while not ``busy``."""
+        self.idle.set()
 
-    def _adopt_index(self, index: Index, *, generation: int, log_size: int) -> None:
+    @property
+    def index(self) -> Index:
+        """The thread's index, with every flushed writes record applied (under the saver's lock)."""
+        while self._flushed:
+            self._index.apply_writes(self._flushed.popleft())
+        return self._index
+
+    @index.setter
+    def index(self, index: Index) -> None:
+        self._flushed.clear()
+        self._index = index
+
+    def flushed(self, record: Writes) -> None:
+        """A writes record is durable in the writes log: queue it for the index, become idle."""
+        self._flushed.append(record)
+        self.busy = False
+        self.idle.set()
+
+    def break_off(self, reason: str) -> None:
+        """An unlocked append failed: no more appends through this handle; become idle."""
+        self._broken = self._broken or reason
+        self.busy = False
+        self.idle.set()
+
+    def _adopt_index(
+        self, index: Index, *, generation: int, log_size: int, split: bool, writes_size: int
+    ) -> None:
         self.index = index
-        self._generation, self._log_size = generation, log_size
+        self._generation = generation
+        self._main = _LogFile(size=log_size)
+        self._writes = _LogFile(size=writes_size)
+        self.split = split
         self.exists = True
 
+    @property
+    def writes_log_open(self) -> bool:
+        """True when the writes log is open (it is opened by the first append after a claim)."""
+        return self._writes.fd is not None
+
     def _append(self, record: bytes) -> None:
-        """Append to this generation's log, creating it with its first record.
+        """Append to this generation's main log, creating it with its first record."""
+        self._append_to(self._main, _log_name(self._run_id, self._generation), record)
+
+    def _append_to(self, log_file: _LogFile, name: str, record: bytes) -> None:
+        """Append to one of this generation's logs, creating it with its first record.
 
         A run's journal log is made by compaction with a header record (and its
         generation checked against the snapshot's); a thread's log is made by its
@@ -535,14 +678,13 @@ class ThreadLog(JournalRun):
         that thread blocks or the switch interval forces it out).
         """
         store, fs = self._journal, self._journal.fs
-        name = _log_name(self._run_id, self._generation)
-        new_log = self._log_fd is None and self._log_size == 0
-        if self._log_fd is None:
-            self._log_fd = self._open_log(name, new_log=new_log)
-        fd = self._log_fd
-        end = self._log_size + len(record)
-        if end > self._reserved and self._reserving:
-            self._reserve(fd, end)
+        new_log = log_file is self._main and log_file.fd is None and log_file.size == 0
+        if log_file.fd is None:  # the writes log is made by the rewrite that makes the log
+            log_file.fd = self._open_log(log_file, name, new_log=new_log)
+        fd = log_file.fd
+        end = log_file.size + len(record)
+        if end > log_file.reserved and log_file.reserving:
+            self._reserve(log_file, fd, end)
         self._step(lambda: fs.write(fd, record), name, fatal=store.sync)
         faults.point("store.append.written")
         if store.sync and not _DSYNC:
@@ -550,10 +692,37 @@ class ThreadLog(JournalRun):
         if store.sync and new_log:  # the log's directory entry must survive with its first record
             dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
             self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
-        self._log_size = end
+        log_file.size = end
         faults.point("store.append.synced")
 
-    def _open_log(self, name: str, *, new_log: bool) -> int:
+    def append_writes_unlocked(self, record: bytes) -> None:
+        """Append a framed ``Writes`` record to the open writes log: reserve, write, flush.
+
+        Called without the saver's lock (``busy`` keeps everyone else off this
+        log and off closing the handle): it touches only the writes log's
+        descriptor and bookkeeping, no directory and no shared state. A failed
+        system call is raised as the ``OSError``; the caller breaks the handle
+        under the saver's lock (:meth:`writes_failed`).
+        """
+        fs, log_file = self._journal.fs, self._writes
+        fd = log_file.fd
+        if fd is None:
+            raise RuntimeError("the writes log is not open")  # the saver opens it under its lock
+        end = log_file.size + len(record)
+        if end > log_file.reserved and log_file.reserving:
+            self._reserve(log_file, fd, end)
+        fs.write(fd, record)
+        faults.point("store.append.written")
+        if self._journal.sync and not _DSYNC:
+            fs.datasync(fd)
+        log_file.size = end
+        faults.point("store.append.synced")
+
+    def writes_failed(self, exc: OSError) -> Exception:
+        """The error for a failed unlocked append; breaks the handle (call under the lock)."""
+        return self._failed(exc, writes_log_name(self._run_id, self._generation), True)
+
+    def _open_log(self, log_file: _LogFile, name: str, *, new_log: bool) -> int:
         store, fs = self._journal, self._journal.fs
         dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         flags = os.O_WRONLY | _NOFOLLOW | (_DSYNC if store.sync else 0)
@@ -569,11 +738,11 @@ class ThreadLog(JournalRun):
             fs.unlink(name, dir_fd=dir_fd)
             fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         # The claim cut any tail after the last whole record: the end is where to write.
-        self._reserved = fs.seek_end(fd)
-        self._reserving = store.sync and self._threads.reserves_space()
+        log_file.reserved = fs.seek_end(fd)
+        log_file.reserving = store.sync and self._threads.reserves_space()
         return fd
 
-    def _reserve(self, fd: int, end: int) -> None:
+    def _reserve(self, log_file: _LogFile, fd: int, end: int) -> None:
         """Reserve space past ``end`` (as much as the log holds, within bounds).
 
         Best effort: where it fails (a full disk), appends go on growing the file,
@@ -581,35 +750,54 @@ class ThreadLog(JournalRun):
         """
         size = end + min(max(end, _MIN_RESERVE), _MAX_RESERVE)
         try:
-            self._reserving = self._journal.fs.allocate(fd, self._log_size, size - self._log_size)
+            log_file.reserving = self._journal.fs.allocate(fd, log_file.size, size - log_file.size)
         except OSError as exc:
             log.info("could not reserve space for thread %s: %s", self.thread_id, exc)
-            self._reserving = False
+            log_file.reserving = False
             return
-        if self._reserving:
-            self._reserved = size
+        if log_file.reserving:
+            log_file.reserved = size
 
     def _give_back(self) -> None:
         """Cut the reserved space this handle did not use (zeros; no sync needed)."""
-        fd = self._log_fd
-        if fd is None or self._reserved <= self._log_size or self._broken is not None:
-            return
-        try:
-            self._journal.fs.truncate(fd, self._log_size)
-        except OSError as exc:  # the zeros read as the end of the log: nothing is lost
-            log.info("could not trim thread %s's log: %s", self.thread_id, exc)
-        self._reserved = self._log_size
+        for log_file in (self._main, self._writes):
+            fd = log_file.fd
+            if fd is None or log_file.reserved <= log_file.size or self._broken is not None:
+                continue
+            try:
+                self._journal.fs.truncate(fd, log_file.size)
+            except OSError as exc:  # the zeros read as the end of the log: nothing is lost
+                log.info("could not trim thread %s's log: %s", self.thread_id, exc)
+            log_file.reserved = log_file.size
+
+    def _close_logs(self) -> None:
+        fs = self._journal.fs
+        for log_file in (self._main, self._writes):
+            if log_file.fd is not None:
+                fs.close(log_file.fd)
+                log_file.fd = None
 
     def close_sync(self) -> None:
-        """Give back unused reserved space, then release the log and the lock."""
+        """Give back unused reserved space, then release the logs and the lock."""
         self._give_back()
+        self._close_logs()
         super().close_sync()
 
     def append(self, record: Record) -> None:
-        """Make one record durable at the end of the log, then apply it to the index."""
+        """Make one record durable at the end of the log, then apply it to the index.
+
+        A ``Writes`` record of a format 3 thread goes to the writes log, numbered
+        in that log's own sequence (``record.seq`` is replaced).
+        """
         self._check_usable()
         if not self.exists:
-            self.rewrite([record])
+            self.rewrite([msgspec.structs.replace(record, seq=1)])
+            return
+        if self.split and isinstance(record, Writes):
+            record = msgspec.structs.replace(record, seq=self.index.wseq + 1)
+            name = writes_log_name(self._run_id, self._generation)
+            self._append_to(self._writes, name, frame(record))
+            self.index.apply_writes(record)
             return
         self._append(frame(record))
         self.index.apply(record)
@@ -619,11 +807,14 @@ class ThreadLog(JournalRun):
         self._check_usable()
         store, fs = self._journal, self._journal.fs
         old = self._generation
-        if self._log_fd is not None:
-            fs.close(self._log_fd)
-            self._log_fd = None
-        self._generation, self._log_size = old + 1, 0
+        self._close_logs()
+        self._generation = old + 1
+        self._main, self._writes = _LogFile(), _LogFile()
         try:
+            # The writes log is made empty first: the directory sync of the log's
+            # first append then makes both names durable before the header names them.
+            wname = writes_log_name(self._run_id, self._generation)
+            self._writes.fd = self._open_log(self._writes, wname, new_log=True)
             self._append(b"".join(frame(record) for record in records))
             faults.point("langgraph.rewrite.log_synced")
             self._write_snapshot(_header(self.thread_id, old + 1))
@@ -633,14 +824,17 @@ class ThreadLog(JournalRun):
             self._broken = f"a rewrite failed ({exc.__class__.__name__})"
             raise
         if old:
-            with suppress(FileNotFoundError):
-                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+            dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+            for stale in (_log_name(self._run_id, old), writes_log_name(self._run_id, old)):
+                with suppress(FileNotFoundError):
+                    fs.unlink(stale, dir_fd=dir_fd)
         faults.point("langgraph.rewrite.done")
         index = Index()
         for record in records:
             index.apply(record)
         self.index = index
         self.exists = True
+        self.split = True
         self.previous.clear()
 
     def delete(self) -> None:
@@ -649,19 +843,20 @@ class ThreadLog(JournalRun):
         store, fs = self._journal, self._journal.fs
         dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
         name = self._run_id + _HEADER_SUFFIX
-        if self._log_fd is not None:
-            fs.close(self._log_fd)
-            self._log_fd = None
+        self._close_logs()
         with suppress(FileNotFoundError):
             self._step(lambda: fs.unlink(name, dir_fd=dir_fd), name)
         if store.sync:
             self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
         faults.point("langgraph.delete.header_removed")
         store._remove_stale_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+        self._threads._remove_stale_writes_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- the handle is part of its store
         self.index = Index()
         self.exists = False
+        self.split = False
         self.previous.clear()
-        self._generation, self._log_size = 0, 0
+        self._generation = 0
+        self._main, self._writes = _LogFile(), _LogFile()
 
 
 def value_chain(node: Node) -> Iterator[Node]:
