@@ -102,6 +102,23 @@ SET state = %(state)s, phase = %(phase)s, saved_at = now(), parked = NULL
 WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
 """
 
+_SAVE_MANY = """
+UPDATE durably_runs AS r
+SET state = v.state, phase = v.phase, saved_at = now(), parked = NULL
+FROM unnest(%(run_ids)b::text[], %(tokens)b::bigint[], %(states)b::bytea[], %(phases)b::text[])
+    AS v(run_id, token, state, phase)
+WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
+RETURNING r.run_id
+"""
+"""The saves of several runs in one statement and one commit, each row conditional on its
+own token and lease exactly as :data:`_SAVE` is; ``RETURNING`` names the rows that landed."""
+
+_SAVES_IN_FLIGHT = 2
+"""Save statements one store has in flight at once; saves arriving while that many are
+wait, and go together in one statement when one ends (group commit). Two keeps a
+statement on the wire while the other's results come back; more made the groups
+smaller and cost more CPU per save at 8 and 32 runs (``benchmarks/postgres.py``)."""
+
 _RENEW = """
 UPDATE durably_runs SET expires_at = now() + %(lease)s
 WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
@@ -157,6 +174,8 @@ class StoreStats:
     """Handles marked lost by a failed renewal."""
     retries: int = 0
     """Statements tried again after a connection error."""
+    grouped: int = 0
+    """Saves sent in one statement with other runs' saves (group commit), landed or fenced."""
 
 
 def _default_owner() -> str:
@@ -212,6 +231,11 @@ class PostgresStore:
         self._owns_pool = pool is None
         self._migrated = False
         self._setup = asyncio.Lock()
+        self._saving = 0
+        """Save statements in flight."""
+        self._waiting: list[_Pending] = []
+        """Saves waiting for the next group statement."""
+        self._groups: set[asyncio.Task[None]] = set()
         params = psycopg.conninfo.conninfo_to_dict(self.dsn)
         host = params.get("host") or params.get("hostaddr") or "localhost"
         port = f":{params['port']}" if params.get("port") else ""
@@ -451,6 +475,108 @@ class PostgresStore:
                 self._migrated = True
             return self._pool
 
+    async def _save(self, params: dict[str, Any], deadline: float) -> bool:
+        """Send one run's save (``_SAVE``'s parameters): True if it landed, False if fenced.
+
+        Group commit: a save goes at once while fewer than ``_SAVES_IN_FLIGHT``
+        save statements are in flight; otherwise it waits, and the saves waiting
+        when a statement ends go together in one (:meth:`_send_group`). A group
+        statement that fails as a whole (a broken connection, a deadlock) is not
+        retried as a group: each of its saves is sent again alone, with the
+        retries, deadline and errors of a lone save. That is safe because every
+        row is conditional on its own token and lease: sending a save that did
+        land again writes the same state.
+
+        Args:
+            params: the run's ``run_id``, ``token``, sealed ``state`` and ``phase``.
+            deadline: ``time.monotonic()`` after which the lease may have run out.
+        """
+        if self._saving >= _SAVES_IN_FLIGHT or self._waiting:
+            pending = _Pending(params, deadline, asyncio.get_running_loop().create_future())
+            self._waiting.append(pending)
+            landed = await pending.outcome
+            if landed is not None:
+                return landed
+        self._saving += 1
+        try:
+
+            async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
+                cursor = await conn.execute(_SAVE, params)
+                return cursor.rowcount
+
+            rows = await self._run(update, what="saving", run_id=params["run_id"], until=deadline)
+            return rows == 1
+        finally:
+            self._saving -= 1
+            if self._waiting:
+                self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """Send the waiting saves, as one statement per free place in flight."""
+        while self._waiting and self._saving < _SAVES_IN_FLIGHT:
+            group: list[_Pending] = []
+            later: list[_Pending] = []
+            runs: set[str] = set()
+            for pending in self._waiting:
+                if pending.outcome.done():  # its caller was cancelled before it was sent
+                    continue
+                run_id = pending.params["run_id"]
+                # One row per run in a statement (two would land one of them, arbitrarily).
+                (later if run_id in runs else group).append(pending)
+                runs.add(run_id)
+            self._waiting = later
+            if group:
+                self._saving += 1
+                task = asyncio.create_task(self._send_group(group), name="durably-save-group")
+                self._groups.add(task)
+                task.add_done_callback(self._groups.discard)
+            if later:
+                break  # a run's next save waits for this one's statement to end
+
+    async def _send_group(self, group: list[_Pending]) -> None:
+        """One try of one statement for the group; each waiting save learns its own row's fate."""
+        landed: set[str] | None = None
+        try:
+            if len(group) == 1:
+                params = group[0].params
+
+                async def update(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+                    cursor = await conn.execute(_SAVE, params)
+                    return {params["run_id"]} if cursor.rowcount == 1 else set()
+
+            else:
+                columns = {
+                    "run_ids": [p.params["run_id"] for p in group],
+                    "tokens": [p.params["token"] for p in group],
+                    "states": [p.params["state"] for p in group],
+                    "phases": [p.params["phase"] for p in group],
+                }
+
+                async def update(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+                    cursor = await conn.execute(_SAVE_MANY, columns)
+                    return {str(row[0]) for row in await cursor.fetchall()}
+
+            landed = await self._attempt(update, min(p.deadline for p in group))
+            if len(group) > 1:
+                self.stats.grouped += len(group)
+        except Exception as exc:
+            log.log(
+                logging.INFO if _is_transient(exc) else logging.WARNING,
+                "saving %d runs in one statement failed (%s: %s); each is sent again alone",
+                len(group),
+                type(exc).__name__,
+                exc,
+            )
+        finally:
+            for pending in group:
+                if not pending.outcome.done():
+                    pending.outcome.set_result(
+                        None if landed is None else pending.params["run_id"] in landed
+                    )
+            self._saving -= 1
+            if self._waiting:
+                self._send_waiting()
+
     async def _run(
         self,
         operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
@@ -548,6 +674,16 @@ class PostgresStore:
                 return await operation(conn)
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A save waiting for a group statement."""
+
+    params: dict[str, Any]
+    deadline: float
+    outcome: asyncio.Future[bool | None]
+    """True: it landed; False: fenced (nothing written); None: send it again alone."""
+
+
 async def _fetchone(
     conn: AsyncConnection[tuple[Any, ...]], sql: str, params: dict[str, Any]
 ) -> tuple[Any, ...] | None:
@@ -622,19 +758,12 @@ class PostgresRun:
             "state": self._sealer.seal(state),
             "phase": str(state.phase),
         }
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
-            cursor = await conn.execute(_SAVE, params)
-            return cursor.rowcount
-
         try:
-            rows = await store._run(  # noqa: SLF001 -- the run handle is part of its store (same module)
-                update, what="saving", run_id=self._run_id, until=self._deadline
-            )
+            landed = await store._save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
         except SaveFailed:
             self._mark_lost("a save could not reach the database before the lease ran out")
             raise
-        if rows != 1:
+        if not landed:
             self._mark_lost("a save found the lease taken over or expired")
             store.stats.stale_saves += 1
             raise LeaseLost(run_id=self._run_id, token=self._token)
