@@ -235,6 +235,8 @@ class PostgresStore:
         """Save statements in flight."""
         self._waiting: list[_Pending] = []
         """Saves waiting for the next group statement."""
+        self._sending: set[str] = set()
+        """Runs with a save statement in flight."""
         self._groups: set[asyncio.Task[None]] = set()
         params = psycopg.conninfo.conninfo_to_dict(self.dsn)
         host = params.get("host") or params.get("hostaddr") or "localhost"
@@ -491,28 +493,36 @@ class PostgresStore:
             params: the run's ``run_id``, ``token``, sealed ``state`` and ``phase``.
             deadline: ``time.monotonic()`` after which the lease may have run out.
         """
-        if self._saving >= _SAVES_IN_FLIGHT or self._waiting:
+        run_id = params["run_id"]
+        if self._saving >= _SAVES_IN_FLIGHT or self._waiting or run_id in self._sending:
             pending = _Pending(params, deadline, asyncio.get_running_loop().create_future())
             self._waiting.append(pending)
             landed = await pending.outcome
             if landed is not None:
                 return landed
         self._saving += 1
+        self._sending.add(run_id)
         try:
 
             async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
                 cursor = await conn.execute(_SAVE, params)
                 return cursor.rowcount
 
-            rows = await self._run(update, what="saving", run_id=params["run_id"], until=deadline)
+            rows = await self._run(update, what="saving", run_id=run_id, until=deadline)
             return rows == 1
         finally:
             self._saving -= 1
+            self._sending.discard(run_id)
             if self._waiting:
                 self._send_waiting()
 
     def _send_waiting(self) -> None:
-        """Send the waiting saves, as one statement per free place in flight."""
+        """Send the waiting saves, as one statement per free place in flight.
+
+        A run has one save in flight at a time: its next one waits for the statement
+        to end, so two saves of one run land in the order they were made (and a
+        statement never holds two rows of one run, of which one would land arbitrarily).
+        """
         while self._waiting and self._saving < _SAVES_IN_FLIGHT:
             group: list[_Pending] = []
             later: list[_Pending] = []
@@ -521,17 +531,19 @@ class PostgresStore:
                 if pending.outcome.done():  # its caller was cancelled before it was sent
                     continue
                 run_id = pending.params["run_id"]
-                # One row per run in a statement (two would land one of them, arbitrarily).
-                (later if run_id in runs else group).append(pending)
-                runs.add(run_id)
+                if run_id in runs or run_id in self._sending:
+                    later.append(pending)
+                else:
+                    group.append(pending)
+                    runs.add(run_id)
             self._waiting = later
-            if group:
-                self._saving += 1
-                task = asyncio.create_task(self._send_group(group), name="durably-save-group")
-                self._groups.add(task)
-                task.add_done_callback(self._groups.discard)
-            if later:
-                break  # a run's next save waits for this one's statement to end
+            if not group:
+                return  # what still waits goes when its run's statement ends
+            self._saving += 1
+            self._sending |= runs
+            task = asyncio.create_task(self._send_group(group), name="durably-save-group")
+            self._groups.add(task)
+            task.add_done_callback(self._groups.discard)
 
     async def _send_group(self, group: list[_Pending]) -> None:
         """One try of one statement for the group; each waiting save learns its own row's fate."""
@@ -573,6 +585,7 @@ class PostgresStore:
                     pending.outcome.set_result(
                         None if landed is None else pending.params["run_id"] in landed
                     )
+                self._sending.discard(pending.params["run_id"])
             self._saving -= 1
             if self._waiting:
                 self._send_waiting()
