@@ -13,13 +13,19 @@ import durably
 from _helpers.samples import state_a, state_b, without_saved_at
 from durably.postgres import PostgresRun, PostgresStore
 from durably.postgres import store as postgres
-from durably.state import RunState
+from durably.state import Phase, RunState
 
 pytestmark = pytest.mark.postgres
 
 RUNS = ("r1", "r2", "r3", "r4", "r5")
-"""Saved at once, the first two go alone (two statements in flight) and the other three
-wait and go together in one statement."""
+"""Saved at once, the first two go alone (two statements in flight, see
+:func:`two_in_flight`) and the other three wait and go together in one statement."""
+
+
+@pytest.fixture(autouse=True)
+def two_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two save statements in flight at most, so five runs saving at once make a group."""
+    monkeypatch.setattr(postgres, "_SAVES_IN_FLIGHT", 2)
 
 
 def store(dsn: str) -> PostgresStore:
@@ -232,6 +238,65 @@ def test_a_lease_lost_in_a_group_stops_that_run_only(pg_dsn: str) -> None:
                 await handles[2].save(state_b("r3"))
             await handles[4].save(state_a("r5"))
             assert await saved(s, "r5") == state_a("r5")
+            for handle in handles:
+                await handle.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_save_given_back_by_a_failed_group_lands_before_the_runs_next_save(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a group fails and its saves go again alone, a later save of one of its runs waits
+    for that run's lone save to end, so the run ends with the later state.
+    """
+    monkeypatch.setattr(postgres, "_SAVE_MANY", "SELECT no_such_function(%(run_ids)s)")
+    # A lone save of the earlier states (phase tools) takes its time, so the later r5
+    # (phase done) sent beside r5's lone save instead of after it would be overwritten.
+    real = postgres._SAVE  # noqa: SLF001 -- the lone save, slowed down below
+    slow = real.replace(
+        "WHERE run_id",
+        "FROM (SELECT pg_sleep(CASE WHEN %(phase)s = 'tools' THEN 0.3 ELSE 0 END)) AS pause\n"
+        "WHERE run_id",
+    )
+    assert slow != real
+    monkeypatch.setattr(postgres, "_SAVE", slow)
+
+    async def scenario() -> None:
+        async with store(pg_dsn) as s:
+            handles = await create_all(s)
+            later = state_b("r5")
+            later.phase = Phase.DONE
+            await asyncio.gather(
+                *(h.save(state_b(h.run_id)) for h in handles), handles[4].save(later)
+            )
+            assert s.stats.grouped == 0
+            assert s.stats.saves == len(RUNS) + 1
+            assert await saved(s, "r5") == without_saved_at(later)
+            for handle in handles:
+                await handle.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_small_pool_groups_saves_sooner(pg_dsn: str) -> None:
+    """With a pool of three connections one save statement is in flight at a time (two stay
+    free for renewals and reads), so of three runs saving at once the last two share one.
+    """
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    async def scenario() -> None:
+        pool: AsyncConnectionPool[AsyncConnection[tuple[object, ...]]] = AsyncConnectionPool(
+            pg_dsn, kwargs={"autocommit": True}, min_size=1, max_size=3, open=False
+        )
+        async with pool:
+            s = PostgresStore(pool=pool, lease=timedelta(seconds=60))
+            handles = [await s.create(state_a(run_id)) for run_id in RUNS[:3]]
+            await asyncio.gather(*(h.save(state_b(h.run_id)) for h in handles))
+            assert s.stats.grouped == 2
+            for run_id in RUNS[:3]:
+                assert await saved(s, run_id) == state_b(run_id)
             for handle in handles:
                 await handle.close()
 

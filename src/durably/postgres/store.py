@@ -115,9 +115,14 @@ own token and lease exactly as :data:`_SAVE` is; ``RETURNING`` names the rows th
 
 _SAVES_IN_FLIGHT = 2
 """Save statements one store has in flight at once; saves arriving while that many are
-wait, and go together in one statement when one ends (group commit). Two keeps a
-statement on the wire while the other's results come back; more made the groups
-smaller and cost more CPU per save at 8 and 32 runs (``benchmarks/postgres.py``)."""
+wait, and go together in one statement when one ends (group commit). Two keep one
+statement on the wire while the other commits. Caps of 2, 4 and 8 were measured
+(``benchmarks/postgres.py``'s phases, three rounds, design.md): at 32 runs the rate
+over the raw UPDATE's was 1.9-2.3x, 1.8-2.0x and 1.4-1.5x, at 8 runs 0.90-0.94x,
+0.89-0.91x and 0.82-1.11x; bigger groups cost less client and server CPU per save."""
+
+_OWN_POOL_SIZE = 10
+"""Connections in the pool a store opens for itself (one passed in has its own size)."""
 
 _RENEW = """
 UPDATE durably_runs SET expires_at = now() + %(lease)s
@@ -465,7 +470,7 @@ class PostgresStore:
                     connection_class=AsyncConnection,
                     kwargs=kwargs,
                     min_size=1,
-                    max_size=10,
+                    max_size=_OWN_POOL_SIZE,
                     open=False,
                     name="durably",
                 )
@@ -494,12 +499,21 @@ class PostgresStore:
             deadline: ``time.monotonic()`` after which the lease may have run out.
         """
         run_id = params["run_id"]
-        if self._saving >= _SAVES_IN_FLIGHT or self._waiting or run_id in self._sending:
+        if self._saving >= self._in_flight_cap() or self._waiting or run_id in self._sending:
             pending = _Pending(params, deadline, asyncio.get_running_loop().create_future())
             self._waiting.append(pending)
-            landed = await pending.outcome
+            try:
+                landed = await pending.outcome
+            except asyncio.CancelledError:
+                if _handed_back(pending):
+                    # Cancelled as its group failed: the run's turn to send ends here.
+                    self._sending.discard(run_id)
+                    self._send_waiting()
+                raise
             if landed is not None:
                 return landed
+            # The group failed: this run is still marked as sending (so a later save of
+            # it waits), and this save goes again alone before anything else of the run.
         self._saving += 1
         self._sending.add(run_id)
         try:
@@ -523,7 +537,7 @@ class PostgresStore:
         to end, so two saves of one run land in the order they were made (and a
         statement never holds two rows of one run, of which one would land arbitrarily).
         """
-        while self._waiting and self._saving < _SAVES_IN_FLIGHT:
+        while self._waiting and self._saving < self._in_flight_cap():
             group: list[_Pending] = []
             later: list[_Pending] = []
             runs: set[str] = set()
@@ -539,6 +553,9 @@ class PostgresStore:
             self._waiting = later
             if not group:
                 return  # what still waits goes when its run's statement ends
+            # One order of rows in every group: two groups that share runs (a process
+            # fenced off and the new owner) lock their rows in the same order.
+            group.sort(key=lambda p: str(p.params["run_id"]))
             self._saving += 1
             self._sending |= runs
             task = asyncio.create_task(self._send_group(group), name="durably-save-group")
@@ -585,10 +602,21 @@ class PostgresStore:
                     pending.outcome.set_result(
                         None if landed is None else pending.params["run_id"] in landed
                     )
-                self._sending.discard(pending.params["run_id"])
+                if not _handed_back(pending):
+                    self._sending.discard(pending.params["run_id"])
+                # else the run stays marked until its caller has sent the save alone
             self._saving -= 1
             if self._waiting:
                 self._send_waiting()
+
+    def _in_flight_cap(self) -> int:
+        """How many save statements may be in flight at once.
+
+        ``_SAVES_IN_FLIGHT``, fewer with a small pool: two connections stay free for
+        renewals and reads.
+        """
+        size = self._pool.max_size if self._pool is not None else _OWN_POOL_SIZE
+        return max(1, min(_SAVES_IN_FLIGHT, size - 2))
 
     async def _run(
         self,
@@ -695,6 +723,12 @@ class _Pending:
     deadline: float
     outcome: asyncio.Future[bool | None]
     """True: it landed; False: fenced (nothing written); None: send it again alone."""
+
+
+def _handed_back(pending: _Pending) -> bool:
+    """Whether a failed group gave this save back to its caller to send alone."""
+    outcome = pending.outcome
+    return outcome.done() and not outcome.cancelled() and outcome.result() is None
 
 
 async def _fetchone(
