@@ -5,8 +5,17 @@ run through a lease), measures saves per second and p50 / p99 save latency of
 ``PostgresRun.save``: seal the state, one ``UPDATE ... WHERE token = ... AND
 expires_at > now()`` in autocommit. Beside it, in the same process and pool
 settings, the floor: a single-row ``UPDATE floor SET state = $1 WHERE id = $2``
-commit with the same payload bytes and no serialization. Store and floor phases
-alternate, twice each, so drift of the machine hits both.
+commit with the same payload bytes and no serialization, on a table with the
+server's defaults. Store and floor phases alternate, twice each, so drift of the
+machine hits both. The store sends saves that arrive while two of its save
+statements are in flight together, in one statement (group commit), and its
+state column is lz4-compressed (schema migration 2) where the server has lz4.
+
+Informative columns, beside the target's: ``cpu us``, this process's CPU time per
+save (``time.process_time``); ``grouped``, the share of the store's saves that
+went in a statement with other runs' saves; ``lz4 rate``, the store's saves/s over
+a third phase's, the same raw UPDATE on a table whose column is lz4 too (what the
+store gains by group commit alone, not by compression).
 
 The whole sweep is repeated (``--repeat``, default 3); the verdict takes the
 median over repeats of the rate ratio at 32 runs (target: >= 0.95).
@@ -17,7 +26,10 @@ time, ``PostgresRun.save`` of a state of that size against LangGraph's
 ``PostgresSaver.put`` of a checkpoint holding the same messages as LangChain
 messages (a new version of the ``messages`` channel each put, as a graph step
 makes), the two alternating one call at a time on the same server. The verdict
-is the ratio of the medians (target: durably <= 0.5x).
+is the ratio of the medians (target: durably <= 0.5x). LangGraph's tables keep
+the server's default compression (pglz); an informative third contender is
+``PostgresRun.save`` on a state column set back to pglz (in a schema of its own),
+which shows how much of durably's figure is lz4.
 
 Unless ``--dsn`` is given, a throwaway cluster is started (initdb/pg_ctl in a temp
 dir, ``fsync=on``, as an unprivileged user when run as root) and removed after.
@@ -104,8 +116,12 @@ def percentile(samples: list[float], q: int) -> float:
 
 async def hammer(
     tasks: int, seconds: float, save: Callable[[int], Awaitable[None]]
-) -> tuple[int, float, list[float]]:
-    """``tasks`` loops calling ``save(i)`` for ``seconds``; return saves, elapsed, latencies."""
+) -> tuple[int, float, list[float], float]:
+    """``tasks`` loops calling ``save(i)`` for ``seconds``.
+
+    Returns:
+        saves, elapsed seconds, latencies, and this process's CPU seconds.
+    """
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
 
@@ -115,9 +131,14 @@ async def hammer(
             await save(index)
             latencies.append(time.perf_counter() - start)
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(loop(i) for i in range(tasks)))
-    return len(latencies), time.perf_counter() - start, latencies
+    return (
+        len(latencies),
+        time.perf_counter() - start,
+        latencies,
+        time.process_time() - cpu,
+    )
 
 
 async def measure(
@@ -132,19 +153,30 @@ async def measure(
         open=False,
     )
     await pool.open(wait=True)
-    results: dict[str, list[tuple[int, float, list[float]]]] = {"store": [], "floor": []}
+    results: dict[str, list[tuple[int, float, list[float], float]]] = {
+        "store": [],
+        "floor": [],
+        "lz4floor": [],
+    }
+    grouped = 0
     try:
         store = PostgresStore(pool=pool, lease=timedelta(seconds=60))
         states = [build_state(f"bench-{tag}-{concurrency}-{i}", size) for i in range(concurrency)]
         handles: list[PostgresRun] = [await store.create(s) for s in states]
         payload = seal(states[0])
+        lz4 = await server_has_lz4(pool)
         async with pool.connection() as conn:
-            await conn.execute("DROP TABLE IF EXISTS bench_floor")
-            await conn.execute("CREATE TABLE bench_floor (id int PRIMARY KEY, state bytea)")
-            await conn.execute(
-                "INSERT INTO bench_floor SELECT g, %s FROM generate_series(0, %s) g",
-                (payload, concurrency),
-            )
+            for table in ("bench_floor", "bench_floor_lz4"):
+                await conn.execute(f"DROP TABLE IF EXISTS {table}")
+                await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state bytea)")
+                if table == "bench_floor_lz4" and lz4:
+                    await conn.execute(
+                        f"ALTER TABLE {table} ALTER COLUMN state SET COMPRESSION lz4"
+                    )
+                await conn.execute(
+                    f"INSERT INTO {table} SELECT g, %s FROM generate_series(0, %s) g",  # noqa: S608 -- a name of ours
+                    (payload, concurrency),
+                )
 
         async def store_save(index: int) -> None:
             await handles[index].save(states[index])
@@ -155,11 +187,23 @@ async def measure(
                     "UPDATE bench_floor SET state = %s WHERE id = %s", (payload, index)
                 )
 
-        await hammer(concurrency, 0.3, store_save)  # warm up: connections, prepared plans
-        await hammer(concurrency, 0.3, floor_save)
+        async def lz4_floor_save(index: int) -> None:
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "UPDATE bench_floor_lz4 SET state = %s WHERE id = %s", (payload, index)
+                )
+
+        phases = {"store": store_save, "floor": floor_save}
+        if lz4:
+            phases["lz4floor"] = lz4_floor_save
+        for save in phases.values():  # warm up: connections, prepared plans
+            await hammer(concurrency, 0.3, save)
+        # getattr: the benchmark also runs against a durably without group commit (A/B).
+        grouped = -getattr(store.stats, "grouped", 0)
         for _ in range(2):
-            results["store"].append(await hammer(concurrency, seconds / 2, store_save))
-            results["floor"].append(await hammer(concurrency, seconds / 2, floor_save))
+            for name, save in phases.items():
+                results[name].append(await hammer(concurrency, seconds / 2, save))
+        grouped += getattr(store.stats, "grouped", 0)
         for handle in handles:
             await handle.close()
     finally:
@@ -167,6 +211,9 @@ async def measure(
 
     figures: dict[str, Any] = {"concurrency": concurrency, "bytes": len(payload)}
     for name, rounds in results.items():
+        if not rounds:
+            figures[name] = None
+            continue
         count = sum(r[0] for r in rounds)
         elapsed = sum(r[1] for r in rounds)
         latencies = [x for r in rounds for x in r[2]]
@@ -174,30 +221,54 @@ async def measure(
             "saves_per_s": count / elapsed,
             "p50_ms": percentile(latencies, 50) * 1000,
             "p99_ms": percentile(latencies, 99) * 1000,
+            "cpu_us": sum(r[3] for r in rounds) / count * 1e6,
             "n": count,
         }
+    figures["store"]["grouped"] = grouped / figures["store"]["n"]
     return figures
 
 
+async def server_has_lz4(pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]) -> bool:
+    """Whether the server can compress a column with lz4 (PostgreSQL 14+, built with it)."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    """Print one row per concurrency: the store, the floor, and their ratios."""
+    """Print one row per concurrency: the store, the floor, their ratios, and more.
+
+    The informative columns: CPU per save, the share of grouped saves, the rate over
+    the lz4 floor.
+    """
     header = (
-        f"{'runs':>4} | {'store/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
-        f"{'floor/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
-        f"{'rate':>5} {'p50':>5} {'p99':>5}"
+        f"{'runs':>4} | {'store/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>6} | "
+        f"{'floor/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'cpu us':>6} | "
+        f"{'rate':>5} {'p50':>5} {'p99':>5} | {'grouped':>7} {'lz4 rate':>8}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
-        s, f = row["store"], row["floor"]
+        s, f, z = row["store"], row["floor"], row["lz4floor"]
+        lz4_rate = f"{s['saves_per_s'] / z['saves_per_s']:>8.2f}" if z else f"{'-':>8}"
         print(
             f"{row['concurrency']:>4} | {s['saves_per_s']:>8.0f} {s['p50_ms']:>7.2f} "
-            f"{s['p99_ms']:>7.2f} | {f['saves_per_s']:>8.0f} {f['p50_ms']:>7.2f} "
-            f"{f['p99_ms']:>7.2f} | {s['saves_per_s'] / f['saves_per_s']:>5.2f} "
-            f"{s['p50_ms'] / f['p50_ms']:>5.2f} {s['p99_ms'] / f['p99_ms']:>5.2f}"
+            f"{s['p99_ms']:>7.2f} {s['cpu_us']:>6.0f} | {f['saves_per_s']:>8.0f} "
+            f"{f['p50_ms']:>7.2f} {f['p99_ms']:>7.2f} {f['cpu_us']:>6.0f} | "
+            f"{s['saves_per_s'] / f['saves_per_s']:>5.2f} "
+            f"{s['p50_ms'] / f['p50_ms']:>5.2f} {s['p99_ms'] / f['p99_ms']:>5.2f} | "
+            f"{s['grouped']:>7.0%} {lz4_rate}"
         )
     print()
-    print("rate = store saves/s over floor saves/s; p50, p99 = store latency over floor latency")
+    print(
+        "rate = store saves/s over floor saves/s; p50, p99 = store latency over floor latency;\n"
+        "cpu us = this process's CPU per save; grouped = store saves sent with other runs' "
+        "saves;\nlz4 rate = store saves/s over the same raw UPDATE on an lz4 column "
+        "(informative)"
+    )
 
 
 async def run_all(dsn: str, seconds: float, size: int, *, tag: int = 0) -> list[dict[str, Any]]:
@@ -306,30 +377,69 @@ class SaverThread:
 
 async def compare_langgraph(
     dsn: str, lg: dict[str, Any], size: int, puts: int
-) -> tuple[list[float], list[float], int]:
-    """Latencies of durably's save and of PostgresSaver.put, alternating one call at a time."""
+) -> tuple[dict[str, list[float]], int]:
+    """Latencies of each contender, taking turns one call at a time.
+
+    The contenders: durably's save, PostgresSaver.put, and (informative, where the
+    server has lz4) durably's save on a pglz state column.
+    """
+    from psycopg.conninfo import make_conninfo
+
+    tag = time.time_ns()
     store = PostgresStore(dsn, lease=timedelta(seconds=60))
-    state = build_state("bench-langgraph", size)
+    state = build_state(f"bench-langgraph-{tag}", size)
     handle = await store.create(state)
+    saves: dict[str, Callable[[], Awaitable[None]]] = {}
+    saves["durably"] = lambda: handle.save(state)
+    pglz_store: PostgresStore | None = None
+    pglz_handle: PostgresRun | None = None
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        row = await cursor.fetchone()
+        if row and row[0]:
+            await conn.execute("CREATE SCHEMA IF NOT EXISTS bench_pglz")
+            pglz_store = PostgresStore(
+                make_conninfo(dsn, options="-c search_path=bench_pglz"),
+                lease=timedelta(seconds=60),
+            )
+    if pglz_store is not None:
+        await pglz_store.migrate()
+        await pglz_store.execute(
+            lambda conn: conn.execute(
+                "ALTER TABLE durably_runs ALTER COLUMN state SET COMPRESSION pglz"
+            ),
+            what="setting pglz",
+        )
+        pglz_state = build_state(f"bench-langgraph-pglz-{tag}", size)
+        pglz_handle = pglz = await pglz_store.create(pglz_state)
+        saves["durably pglz"] = lambda: pglz.save(pglz_state)
     thread = SaverThread(lg, dsn, state)
-    durably_times: list[float] = []
-    langgraph_times: list[float] = []
+
+    async def put() -> None:
+        thread.put()
+
+    saves["langgraph"] = put
+    times: dict[str, list[float]] = {name: [] for name in saves}
+    order = list(saves)
     try:
         for n in range(puts + 10):  # the first 10 of each warm up, discarded
-            for which in ("durably", "langgraph") if n % 2 else ("langgraph", "durably"):
+            for which in order[n % len(order) :] + order[: n % len(order)]:
                 start = time.perf_counter()
-                if which == "durably":
-                    await handle.save(state)
-                else:
-                    thread.put()
+                await saves[which]()
                 elapsed = time.perf_counter() - start
                 if n >= 10:
-                    (durably_times if which == "durably" else langgraph_times).append(elapsed)
+                    times[which].append(elapsed)
     finally:
         thread.close()
         await handle.close()
         await store.close()
-    return durably_times, langgraph_times, len(seal(state))
+        if pglz_handle is not None:
+            await pglz_handle.close()
+        if pglz_store is not None:
+            await pglz_store.close()
+    return times, len(seal(state))
 
 
 def main() -> None:
@@ -382,19 +492,33 @@ def main() -> None:
             verdict(label, statistics.median(ratios), RATE_TARGET, at_least=True)
         else:
             print(f"{label:<52} {statistics.median(ratios):6.2f}")
+    lz4_ratios = [
+        r[-1]["store"]["saves_per_s"] / r[-1]["lz4floor"]["saves_per_s"]
+        for r in repeats
+        if r[-1]["lz4floor"]
+    ]
+    if lz4_ratios:
+        label = f"informative: rate at {CONCURRENCY[-1]} runs over the lz4 floor"
+        print(f"{label:<52} {statistics.median(lz4_ratios):6.2f}")
     print()
     if compared is None:
         print(note)
     else:
-        durably_times, langgraph_times, sealed = compared
-        durably_med = statistics.median(durably_times)
-        langgraph_med = statistics.median(langgraph_times)
+        times, sealed = compared
+        durably_med = statistics.median(times["durably"])
+        langgraph_med = statistics.median(times["langgraph"])
         print(
             f"one run, one save at a time, {sealed} sealed bytes ({note}; "
-            f"{len(durably_times)} timed saves of each, alternating):"
+            f"{len(times['durably'])} timed saves of each, taking turns):"
         )
         print(f"  PostgresRun.save      median {durably_med * 1000:7.3f} ms")
         print(f"  PostgresSaver.put     median {langgraph_med * 1000:7.3f} ms")
+        if "durably pglz" in times:
+            pglz_med = statistics.median(times["durably pglz"])
+            print(
+                f"  PostgresRun.save      median {pglz_med * 1000:7.3f} ms  on a pglz state "
+                f"column (informative: {pglz_med / langgraph_med:.2f} of PostgresSaver.put)"
+            )
         verdict(
             "durably median / PostgresSaver.put median",
             durably_med / langgraph_med,

@@ -259,6 +259,21 @@ def _postgres_save_unfenced() -> list[tuple[Any, str, Any]]:
     return [(postgres.PostgresRun, "save", save)]
 
 
+def _postgres_group_save_unfenced() -> list[tuple[Any, str, Any]]:
+    from durably.postgres import store as postgres
+
+    unfenced = postgres._SAVE_MANY.replace("AND r.token = v.token ", "")
+    if unfenced == postgres._SAVE_MANY:
+        raise RuntimeError("the group save's UPDATE has no token condition to remove")
+    real = postgres.PostgresStore._send_group
+
+    async def send_group(self: Any, group: Any) -> None:
+        with mock.patch.object(postgres, "_SAVE_MANY", unfenced):
+            await real(self, group)
+
+    return [(postgres.PostgresStore, "_send_group", send_group)]
+
+
 def _kill_does_nothing() -> list[tuple[Any, str, Any]]:
     from durably import faults
 
@@ -377,6 +392,17 @@ CATALOG: tuple[Mutant, ...] = (
             (
                 "stores/test_pg_fencing.py::"
                 "test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database",
+            )
+        ),
+    ),
+    Mutant(
+        name="Postgres group save without the token condition",
+        flaw="the UPDATE saving several runs at once no longer checks each row's fencing token",
+        patches=_postgres_group_save_unfenced,
+        catcher=PytestNodes(
+            (
+                "stores/test_pg_group_commit.py::"
+                "test_a_group_mixing_a_fenced_run_and_live_ones_lands_only_the_live_ones",
             )
         ),
     ),

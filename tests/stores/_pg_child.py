@@ -4,6 +4,9 @@ Usage: ``python _pg_child.py <command> <dsn> <lease-seconds> ...``. Commands:
 
 - ``hold RUN``: open RUN, print ``ready <token>``; on each ``save`` line on stdin,
   save state B and print ``saved`` or ``lease-lost``; close when stdin closes.
+- ``hold-many RUN...``: open every RUN, print JSON ``{"tokens": {run: token}}``; on each
+  ``save`` line, save state B of every run at once and print JSON ``{"outcomes": {run:
+  "saved" | "lease-lost"}, "grouped": N}`` (N: the store's ``stats.grouped`` so far).
 - ``try-open RUN``: try once to open RUN; print JSON ``{"outcome", "token"}``.
 - ``agent RUN ROOT``: start (or resume) RUN of the ledger job in ROOT; print JSON
   ``{"outcome": "done" | "paused" | "lease-lost"}``.
@@ -28,7 +31,8 @@ from _pg_jobs import make_agent, make_registry  # noqa: E402
 
 import durably  # noqa: E402
 from _helpers.samples import state_b  # noqa: E402
-from durably.postgres import PostgresStore, work  # noqa: E402
+from durably.postgres import PostgresRun, PostgresStore, work  # noqa: E402
+from durably.postgres import store as postgres  # noqa: E402
 
 
 def say(message: object) -> None:
@@ -47,6 +51,33 @@ async def hold(store: PostgresStore, run_id: str) -> None:
             else:
                 say("saved")
     await handle.close()
+
+
+async def hold_many(store: PostgresStore, run_ids: list[str]) -> None:
+    # Two save statements in flight at most, as in test_pg_group_commit.py: of five
+    # runs saving at once, the last three share one statement.
+    postgres._SAVES_IN_FLIGHT = 2  # noqa: SLF001 -- the test's setting, in this process
+    handles = [(await store.open(run_id))[0] for run_id in run_ids]
+    say({"tokens": {h.run_id: h.token for h in handles}})
+
+    async def save(handle: PostgresRun) -> str:
+        try:
+            await handle.save(state_b(handle.run_id))
+        except durably.LeaseLost:
+            return "lease-lost"
+        return "saved"
+
+    while line := (await asyncio.to_thread(sys.stdin.readline)).strip():
+        if line == "save":
+            outcomes = await asyncio.gather(*(save(h) for h in handles))
+            say(
+                {
+                    "outcomes": dict(zip(run_ids, outcomes, strict=True)),
+                    "grouped": store.stats.grouped,
+                }
+            )
+    for handle in handles:
+        await handle.close()
 
 
 async def try_open(store: PostgresStore, run_id: str) -> None:
@@ -100,6 +131,8 @@ async def main(command: str, dsn: str, lease: str, *args: str) -> None:
     ) as store:
         if command == "hold":
             await hold(store, args[0])
+        elif command == "hold-many":
+            await hold_many(store, list(args))
         elif command == "try-open":
             await try_open(store, args[0])
         elif command == "agent":

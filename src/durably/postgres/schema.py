@@ -20,7 +20,7 @@ from ..errors import CheckpointTooNew
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-__all__ = ["MIGRATIONS", "QUEUED", "Migration", "migrate"]
+__all__ = ["COMPRESS_STATE", "MIGRATIONS", "QUEUED", "Migration", "migrate"]
 
 log = logging.getLogger("durably.store")
 
@@ -36,6 +36,19 @@ class Migration:
     description: str
     sql: str
 
+
+COMPRESS_STATE = """
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE durably_runs ALTER COLUMN state SET COMPRESSION {method}';
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value OR syntax_error THEN
+    RAISE NOTICE 'durably: the state column keeps the server''s default compression (%)', SQLERRM;
+END
+$$;
+"""
+"""Migration 2's statement, for a compression ``method``: a server that lacks it (built
+without lz4: ``feature_not_supported``; PostgreSQL 13, which has no ``SET COMPRESSION``:
+``syntax_error``) keeps its default (pglz) and the migration still succeeds."""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -60,6 +73,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX durably_runs_claimable ON durably_runs (created_at)
             WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL;
         """,
+    ),
+    Migration(
+        version=2,
+        description="the state column compressed with lz4 where the server has it",
+        # New values only: rows already saved keep pglz and read as before (each
+        # compressed value names its own method).
+        sql=COMPRESS_STATE.format(method="lz4"),
     ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
