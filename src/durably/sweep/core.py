@@ -57,6 +57,7 @@ from ..models import CallLog
 from ..state import Effect, Phase, RunState
 from ..stores.file import FileStore
 from ..tools import Found, Lookup, Tool, ToolContext
+from . import _chain
 from .tree import Tree, Uncopyable
 
 __all__ = [
@@ -321,7 +322,6 @@ def run_scenario_process(
     start = first or not world.has_run()
 
     def body() -> None:
-        agent = job.agent(world, SweepApprover(job, world))
         prints: list[str] = []
         # "open", then "closing" after the window's last point (its fingerprint
         # still counts the equal points after it), then "closed" once the disk changes.
@@ -341,15 +341,39 @@ def run_scenario_process(
 
         if record is not None:
             plan.on_point = fingerprint
-        with faults.installed(plan):
-            if start:
-                asyncio.run(agent.run(job.task(), run_id=RUN_ID))
-            else:
-                asyncio.run(agent.resume(RUN_ID))
+        _run_process(job, world, start=start, plan=plan)
         if record is not None:
             record.write_text(json.dumps({"labels": plan.reached, "prints": prints}))
 
     return run_in_child(body)
+
+
+def _run_process(
+    job: SweepJob,
+    world: World,
+    *,
+    start: bool,
+    plan: faults.CrashPlan,
+    prepare: Callable[[], None] | None = None,
+) -> None:
+    """The body of every process of a run: start or resume it under ``plan``.
+
+    ``prepare`` runs first inside the process's event loop. The run's final
+    state is not the coroutine's result, which ``asyncio.run`` formats (a
+    repr of the whole state) when it restores the SIGINT handler.
+    """
+    agent = job.agent(world, SweepApprover(job, world))
+
+    async def main() -> None:
+        if prepare is not None:
+            prepare()
+        if start:
+            await agent.run(job.task(), run_id=RUN_ID)
+        else:
+            await agent.resume(RUN_ID)
+
+    with faults.installed(plan):
+        asyncio.run(main())
 
 
 def was_killed(status: int) -> bool:
@@ -442,7 +466,12 @@ class _Group:
 
 
 def _run_group(
-    job: SweepJob, group: _Group, reference: Counter[str], store: StoreFactory | None
+    job: SweepJob,
+    group: _Group,
+    reference: Counter[str],
+    store: StoreFactory | None,
+    *,
+    chain: bool = True,
 ) -> list[ScenarioResult]:
     """The first crash's scenario, then each second crash's, all from one real first kill.
 
@@ -451,6 +480,8 @@ def _run_group(
     dead process writes nothing more, so that disk is the one a fresh world
     killed at the same point would leave, and re-running the first process
     for every second crash (most of a scenario's cost) proves nothing more.
+    With ``chain``, the restarts that die at the second crashes are one chain
+    of processes (:mod:`durably.sweep._chain`) instead of one restart each.
     """
     first = ScenarioSpec(
         group.config, 1, group.first, None, (group.label,), group.covers, group.merge
@@ -468,18 +499,63 @@ def _run_group(
             left = None  # each second crash then starts from a fresh world
         results = [restart_and_judge(job, world, first, reference, error)]
         done = results[0]
-        for point, label, covers in zip(
-            done.restart_points, done.restart_labels, done.restart_covers, strict=True
-        ):
-            spec = ScenarioSpec(
+        specs = [
+            ScenarioSpec(
                 group.config, 2, group.first, point, (group.label, label), covers, group.merge
             )
-            if left is None:
-                results.append(_run_scenario(job, spec, reference, store))
+            for point, label, covers in zip(
+                done.restart_points, done.restart_labels, done.restart_covers, strict=True
+            )
+        ]
+        if left is None:
+            return results + [_run_scenario(job, spec, reference, store) for spec in specs]
+        killed = _chained_kills(job, world, left, specs) if chain else {}
+        if killed:
+            # What the restart that died saw when it began: the first crash's disk.
+            left.write(world.root)
+            saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
+        for spec in specs:
+            if spec.second in killed:
+                killed[spec.second].write(world.root)
+                turns = job.call_log(world).turns(RUN_ID)
+                paid_twice = sum(1 for t in turns[asked:] if t <= saved_turns)
+                results.append(
+                    restart_and_judge(job, world, spec, reference, error, second_killed=paid_twice)
+                )
             else:
                 left.write(world.root)
                 results.append(restart_and_judge(job, world, spec, reference, error))
         return results
+
+
+def _chained_kills(
+    job: SweepJob, world: World, left: Tree, specs: Sequence[ScenarioSpec]
+) -> dict[int, Tree]:
+    """The disk each second crash leaves, by chains of kills.
+
+    A chain cut short (a point where forking is unsafe) is followed by a new
+    one from the first crash's disk for the points after it; a point no chain
+    reached is left out, for the caller to run alone.
+    """
+    if not _chain.chaining_possible():
+        return {}
+    left.write(world.root)
+    start = not world.has_run()
+
+    def restart(plan: faults.CrashPlan, prepare: Callable[[], None]) -> None:
+        logging.getLogger("durably").addHandler(logging.NullHandler())
+        _run_process(job, world, start=start, plan=plan, prepare=prepare)
+
+    disks: dict[int, Tree] = {}
+    remaining = [spec.second for spec in specs if spec.second is not None]
+    while remaining:
+        left.write(world.root)
+        kills = _chain.chain_kills(world.root, remaining, restart)
+        if not kills:
+            break
+        disks.update((kill.point, kill.disk) for kill in kills)
+        remaining = [point for point in remaining if point > kills[-1].point]
+    return disks
 
 
 def _run_scenario(
@@ -511,18 +587,21 @@ def restart_and_judge(
     error: str | None,
     *,
     record: bool = True,
+    second_killed: int | None = None,
 ) -> ScenarioResult:
     """Restart (dying at ``spec.second`` the first time, if set) until the run ends; judge it.
 
     With ``record``, an uncrashed first restart records its points (the
-    second crashes to come).
+    second crashes to come). ``second_killed`` says the restart that dies at
+    ``spec.second`` has run already (a chained kill, which left the world as
+    it is) and gives the saved replies it paid for again.
     """
     log = job.call_log(world)
-    paid_twice = 0
+    paid_twice = second_killed or 0
     restart_record: dict[str, Any] | None = None
     finished = False
     final: RunState | None = None
-    for restart in range(1, MAX_RESTARTS + 1):
+    for restart in range(1 if second_killed is None else 2, MAX_RESTARTS + 1):
         saved_turns, asked = count_saved_turns(world), len(log.turns(RUN_ID))
         second = spec.second if restart == 1 else None
         plan = faults.CrashPlan(at=second) if second is not None else faults.CrashPlan()

@@ -1,0 +1,204 @@
+"""Chained kills: one restart reaches a group's second crash points in turn, dying at each.
+
+A depth-2 group kills a restart at each of the first restart's recovery points
+(the second crashes). Started afresh for each point, every one of those
+processes repeats the same resume up to its point, and pays a process's start
+(its copy-on-write faults) again: together, a third of a depth-2 sweep's cost.
+
+Chained, one process runs the restart. At each point it forks a
+*continuation*, a copy of itself at that instant, which waits; the process
+reports its point and blocks. The harness then SIGKILLs it (a real kill of the
+process that did every write since the last point: no ``finally``, no polite
+release), reaps it, copies the disk it left, and lets the continuation go on to
+the next point, where the same happens. The disk copied at point *m* is the
+disk a fresh restart killed at *m* leaves, because the process was at *m*, as a
+fresh one would be, when it died, and a dead process writes nothing. Each
+copy is later laid down at the same path and restarted to the end, as the
+unchained sweep does with the first crash's disk.
+
+A fork is only safe where nothing else is moving: a point reached on the main
+thread with no job in flight in the executor (the copy has no other thread; a
+fresh executor serves it). Elsewhere the process still reports the point and is
+killed there, and the chain ends: the group's next points get a new chain from
+the first crash's disk. Orphaned continuations are reparented to the harness,
+made a child subreaper for the chain's lifetime, so it reaps every one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import faults
+from .tree import Tree
+
+__all__ = ["ChainedKill", "chain_kills", "chaining_possible"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+"""prctl(2) option: orphaned descendants are reparented to this process, not init."""
+
+
+@dataclass(frozen=True)
+class ChainedKill:
+    """The disk one chained process left when it was killed at ``point``."""
+
+    point: int
+    disk: Tree
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """The default executor of a chained process: it knows whether a job is in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = super().submit(fn, *args, **kwargs)
+        self.pending.add(future)  # set.add and discard are atomic under the GIL
+        future.add_done_callback(self.pending.discard)
+        return future
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+def chaining_possible() -> bool:
+    """Whether this system lets the harness become a child subreaper (Linux does)."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) == 0
+
+
+@contextmanager
+def _subreaper() -> Iterator[None]:
+    prctl = _prctl()
+    if prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot become a child subreaper")
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _killed_and_reaped(pid: int) -> bool:
+    """SIGKILL ``pid`` (a child of this process) and wait for it; whether the kill ended it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def chain_kills(
+    root: Path,
+    points: Sequence[int],
+    start: Callable[[faults.CrashPlan, Callable[[], None]], None],
+) -> list[ChainedKill]:
+    """Kill one chain of processes at ``points`` (ascending); the disk under ``root`` at each.
+
+    ``start(plan, prepare)`` runs the restart in this (forked) child with
+    ``plan`` installed, calling ``prepare`` inside its event loop first; it is
+    called in a child of this process. The chain may end before the last point
+    (a point where a fork is unsafe ends it after that point's kill; a process
+    that never reached its point ends it too): the caller runs what is left.
+    """
+    wanted = sorted(set(points))
+    if not wanted:
+        return []
+    report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
+    kills: list[ChainedKill] = []
+    with _subreaper():
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            os.close(report_r)
+            os.close(go_w)
+            _chained_child(wanted, report_w, go_r, start)
+        os.close(report_w)
+        os.close(go_r)
+        alive = {pid: None}  # the chain's processes not yet reaped, oldest first
+        try:
+            with os.fdopen(report_r, "r") as reports:
+                for line in reports:
+                    point, dying, continuation = (int(word) for word in line.split())
+                    if continuation:
+                        alive[continuation] = None
+                    alive.pop(dying, None)
+                    if not _killed_and_reaped(dying):
+                        break
+                    kills.append(ChainedKill(point, Tree.read(root)))
+                    if not continuation or point == wanted[-1]:
+                        break
+                    os.write(go_w, b"g")
+        finally:
+            os.close(go_w)
+            for straggler in alive:  # a chain cut short: none of it may outlive the call
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(straggler, signal.SIGKILL)
+            for straggler in alive:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(straggler, 0)
+    return kills
+
+
+def _chained_child(
+    wanted: Sequence[int],
+    report_w: int,
+    go_r: int,
+    start: Callable[[faults.CrashPlan, Callable[[], None]], None],
+) -> None:  # pragma: no cover - runs in the chain's processes
+    plan = faults.CrashPlan()
+    executor: list[_CountingExecutor] = []
+    targets = set(wanted)
+
+    def prepare() -> None:
+        executor[:] = [_CountingExecutor()]
+        asyncio.get_running_loop().set_default_executor(executor[0])
+
+    def at_point(label: str) -> None:
+        point = len(plan.reached)
+        if point not in targets:
+            return
+        safe = (
+            threading.current_thread() is threading.main_thread()
+            and threading.active_count() - len(executor[0]._threads if executor else ()) == 1  # noqa: SLF001 -- the executor is ours
+            and not (executor and executor[0].pending)
+        )
+        continuation = 0
+        if safe:
+            loop = asyncio.get_running_loop()
+            continuation = os.fork()
+            if continuation == 0:
+                # The copy: wait for the harness to kill the original and read its disk.
+                if os.read(go_r, 1) != b"g":
+                    os._exit(0)
+                # asyncio forgets a running loop in a forked child (it checks the pid,
+                # and from Python 3.12 resets it at fork): this copy goes on running it.
+                asyncio.events._set_running_loop(loop)  # noqa: SLF001 -- exported (events.__all__) for loop implementations
+                prepare()  # the original's executor threads did not come along
+                return
+        os.write(report_w, f"{point} {os.getpid()} {continuation}\n".encode())
+        while True:
+            signal.pause()  # until the harness's SIGKILL
+
+    plan.on_point = at_point
+    code = 0
+    try:
+        start(plan, prepare)
+    except BaseException:
+        code = 1
+    os._exit(code)

@@ -1,0 +1,168 @@
+"""Chained kills judge every second crash as a restart killed alone there does.
+
+The chain (``durably.sweep._chain``) kills one restart at each second crash in
+turn, forking a continuation at each point; these tests run real groups both
+ways, in real processes, and compare every scenario's verdict field by field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durably import faults
+from durably.sweep import CONFIGS, Config, _chain
+from durably.sweep import core as sweep_core
+from durably.sweep.tree import Tree
+from durably.triage.job import TriageJob
+
+pytestmark = pytest.mark.skipif(
+    not _chain.chaining_possible(), reason="chained kills need a Linux child subreaper"
+)
+
+
+def _groups(job: TriageJob, config: Config) -> tuple[list[sweep_core._Group], Counter[str]]:
+    labels, prints, reference = sweep_core._record_points(job, config, None)  # noqa: SLF001 -- the test is about the sweep's groups
+    groups = [
+        sweep_core._Group(config, index, labels[index - 1], covers, 2)  # noqa: SLF001 -- the test is about the sweep's groups
+        for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's groups
+    ]
+    return groups, reference
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=lambda c: c.name)
+def test_chained_and_separate_second_kills_judge_alike(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every depth-2 scenario of a sample of groups, chained and not: the same results.
+
+    The chain must really chain (several kills per chain), or the comparison
+    would only compare the separate way with itself.
+    """
+    job = TriageJob()
+    groups, reference = _groups(job, config)
+    chains: list[tuple[int, int]] = []
+    real = _chain.chain_kills
+
+    def counted(root: Path, points: Any, start: Any) -> list[_chain.ChainedKill]:
+        kills = real(root, points, start)
+        chains.append((len(points), len(kills)))
+        return kills
+
+    monkeypatch.setattr(_chain, "chain_kills", counted)
+    for group in groups[:: max(1, len(groups) // 6)]:
+        chained = sweep_core._run_group(job, group, reference, None, chain=True)  # noqa: SLF001 -- the test is about the sweep's groups
+        separate = sweep_core._run_group(job, group, reference, None, chain=False)  # noqa: SLF001 -- the test is about the sweep's groups
+        assert len(chained) > 1
+        assert chained == separate, group
+    assert chains
+    assert max(kills for _, kills in chains) > 1
+    # Each point is killed by exactly one chain (a chain cut short is followed by
+    # another from the next point), and every chain kills at least once.
+    assert all(kills >= 1 for _, kills in chains)
+
+
+def _chain_in(tmp_path: Path, body: Any, points: list[int]) -> list[_chain.ChainedKill]:
+    """Run ``body(plan)`` as a chained process over ``tmp_path``, killed at ``points``."""
+
+    def start(plan: faults.CrashPlan, prepare: Any) -> None:
+        import asyncio
+
+        async def main() -> None:
+            prepare()
+            with faults.installed(plan):
+                await body()
+
+        asyncio.run(main())
+
+    return _chain.chain_kills(tmp_path, points, start)
+
+
+def test_each_kill_leaves_the_disk_of_its_point_and_kills_the_process_that_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At each point the copy holds exactly the writes made before it, and the process
+    that made them is dead by SIGKILL: the next step is written by another process.
+    """
+    world, pids = tmp_path / "world", tmp_path / "pids"
+    world.mkdir()
+
+    async def body() -> None:
+        for step in range(1, 6):
+            (world / f"step{step}").write_text(str(step))
+            with pids.open("a") as out:
+                out.write(f"{os.getpid()}\n")
+            faults.point(f"test.step{step}")
+
+    dead_when_copied: list[bool] = []
+    read = Tree.read
+
+    def copy(root: Path) -> Tree:
+        writer = int(pids.read_text().split()[-1])
+        try:
+            os.kill(writer, 0)
+        except ProcessLookupError:
+            dead_when_copied.append(True)
+        else:
+            dead_when_copied.append(False)
+        return read(root)
+
+    monkeypatch.setattr(Tree, "read", copy)
+    kills = _chain_in(world, body, [2, 3, 5])
+    assert [k.point for k in kills] == [2, 3, 5]
+    assert dead_when_copied == [True, True, True]
+    for kill in kills:
+        assert {e.path for e in kill.disk.entries} == {f"step{n}" for n in range(1, kill.point + 1)}
+    # Steps 1-2 by the first process, 3 by its continuation, 4-5 by the next one.
+    lines = pids.read_text().split()
+    assert len(lines) == 5
+    assert lines[0] == lines[1] != lines[2] != lines[3] == lines[4]
+    assert lines[0] != lines[3]
+    for pid in set(lines):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)  # killed and reaped: no process, no zombie
+
+
+def test_a_point_off_the_main_thread_ends_the_chain_after_its_kill(tmp_path: Path) -> None:
+    """Where forking is unsafe (a point in a worker thread) the process is killed there
+    and no continuation is made: the caller runs the points after it anew.
+    """
+    import asyncio
+
+    async def body() -> None:
+        faults.point("test.one")
+        await asyncio.to_thread(faults.point, "test.in-a-thread")
+        faults.point("test.three")
+
+    kills = _chain_in(tmp_path, body, [1, 2, 3])
+    assert [k.point for k in kills] == [1, 2]
+
+
+def test_a_process_that_ends_before_its_point_ends_the_chain(tmp_path: Path) -> None:
+    """A point the process never reaches gets no copy: the caller runs it alone."""
+
+    async def body() -> None:
+        faults.point("test.one")
+
+    assert [k.point for k in _chain_in(tmp_path, body, [1, 4])] == [1]
+    assert _chain_in(tmp_path, body, [3]) == []
+
+
+def test_no_process_of_a_chain_outlives_it(tmp_path: Path) -> None:
+    """Killed, or ended, every process is reaped before the call returns; no pipe is left open."""
+
+    async def body() -> None:
+        for n in range(4):
+            faults.point(f"test.{n}")
+
+    descriptors = len(os.listdir("/proc/self/fd"))
+    _chain_in(tmp_path, body, [1, 2])
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+    assert children == []
