@@ -122,6 +122,13 @@ def main() -> None:
     parser.add_argument("--config", action="append", help="only these configurations")
     parser.add_argument("--workers", choices=("fork", "fresh", "both"), default="fork")
     parser.add_argument("--ballast", type=int, default=0, help="MB the caller holds first")
+    parser.add_argument(
+        "--chain",
+        choices=("on", "off", "both"),
+        default="on",
+        help="second crashes as one chain of kills (on: the default sweep), a restart each "
+        "(off), or both in turn",
+    )
     args = parser.parse_args()
     job = TriageJob(args.task)
     configs = [c for c in CONFIGS if c.name in args.config] if args.config else list(CONFIGS)
@@ -131,8 +138,11 @@ def main() -> None:
         print(f"ballast: {len(ballast)} objects, caller's resident memory {rss >> 20} MB")
     warm(job)
     print(f"scenario worlds and plain runs in {scratch_root() or tempfile.gettempdir()}")
-    kinds: list[Workers] = ["fork", "fresh"] if args.workers == "both" else [args.workers]
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    workers: list[Workers] = ["fork", "fresh"] if args.workers == "both" else [args.workers]
+    chains = {"on": [True], "off": [False], "both": [False, True]}[args.chain]
+    kinds = [(kind, chain) for kind in workers for chain in chains]
+    times: dict[tuple[Workers, bool], list[float]] = {kind: [] for kind in kinds}
+    cpu_times: dict[tuple[Workers, bool], list[float]] = {kind: [] for kind in kinds}
     wall_ratios: list[float] = []
     cpu_ratios: list[float] = []
     plain_walls: list[float] = []
@@ -144,15 +154,23 @@ def main() -> None:
         plain_cpus.append(plain_cpu)
         for kind in kinds:
             started, cpu = time.perf_counter(), _cpu()
-            report = run_sweep(job, configs=configs, depth=args.depth, jobs=args.jobs, workers=kind)
+            report = run_sweep(
+                job,
+                configs=configs,
+                depth=args.depth,
+                jobs=args.jobs,
+                workers=kind[0],
+                chain=kind[1],
+            )
             wall, cpu = time.perf_counter() - started, _cpu() - cpu
             times[kind].append(wall)
+            cpu_times[kind].append(cpu)
             scenarios = len(report.results)
             if kind == kinds[-1]:
                 wall_ratios.append(wall * args.jobs / scenarios / plain_wall)
                 cpu_ratios.append(cpu / scenarios / plain_cpu)
             print(
-                f"run {attempt} ({kind}): {wall:.1f} s, CPU {cpu:.1f} s "
+                f"run {attempt} ({_name(kind)}): {wall:.1f} s, CPU {cpu:.1f} s "
                 f"(load {os.getloadavg()[0]:.1f}); plain run {plain_wall * 1000:.1f} ms, "
                 f"CPU {plain_cpu * 1000:.1f} ms",
                 flush=True,
@@ -179,10 +197,22 @@ def main() -> None:
         f"CPU {cpu_ratio:.2f}; target <= {TARGET} (both): "
         f"{'met' if max(wall_ratio, cpu_ratio) <= TARGET else 'NOT met'}"
     )
-    if len(kinds) == 2:
-        fork, fresh = (statistics.median(times[kind]) for kind in kinds)
+    if len(workers) == 2:
+        fork, fresh = (statistics.median(times[(w, chains[-1])]) for w in workers)
         print(f"forked workers: median {fork:.1f} s; fresh workers: median {fresh:.1f} s")
         print(f"fresh / forked = {fresh / fork:.2f}")
+    if len(chains) == 2:
+        for worker in workers:
+            off, on = ((worker, chain) for chain in chains)
+            print(
+                f"{worker} workers, chained / unchained (medians): wall "
+                f"{statistics.median(times[on]) / statistics.median(times[off]):.2f}, CPU "
+                f"{statistics.median(cpu_times[on]) / statistics.median(cpu_times[off]):.2f}"
+            )
+
+
+def _name(kind: tuple[Workers, bool]) -> str:
+    return f"{kind[0]}{'' if kind[1] else ', unchained'}"
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
             progress=progress,
             store=_SWEEP_STORES[args.store],
             merge=not args.no_merge,
+            chain=not args.no_chain,
         )
     table = Table(title=f"sweep of {report.job}", title_justify="left")
     headers = ("configuration", "depth", "scenarios", "points", "finished", "duplicates")
@@ -287,6 +288,12 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="store_true",
         help="kill at every crash point, first and second, instead of once per run of points "
         "that leave the same disk (several times slower; checks that equivalence)",
+    )
+    sweep.add_argument(
+        "--no-chain",
+        action="store_true",
+        help="restart afresh from the first crash's disk for each second crash, instead of "
+        "killing one restart at each in turn (slower; checks that chaining judges alike)",
     )
     sweep.add_argument(
         "--jobs", type=positive_int, default=os.cpu_count() or 1, help="worker processes"

@@ -1,27 +1,28 @@
-"""Chained kills: one restart reaches a group's second crash points in turn, dying at each.
+"""Chained kills: one process reaches a run of crash points in turn, dying at each.
 
-A depth-2 group kills a restart at each of the first restart's recovery points
-(the second crashes). Started afresh for each point, every one of those
-processes repeats the same resume up to its point, and pays a process's start
-(its copy-on-write faults) again: together, a third of a depth-2 sweep's cost.
+The sweep kills a process at each of many points of the same run: a batch of
+first crashes from a fresh world, or a group's second crashes (the first
+restart's recovery points) from its first crash's disk. Started afresh for
+each point, every one of those processes repeats the same work up to its
+point, and pays a process's start (its copy-on-write faults) again.
 
-Chained, one process runs the restart. At each point it forks a
-*continuation*, a copy of itself at that instant, which waits; the process
-reports its point and blocks. The harness then SIGKILLs it (a real kill of the
-process that did every write since the last point: no ``finally``, no polite
-release), reaps it, copies the disk it left, and lets the continuation go on to
-the next point, where the same happens. The disk copied at point *m* is the
-disk a fresh restart killed at *m* leaves, because the process was at *m*, as a
-fresh one would be, when it died, and a dead process writes nothing. Each
-copy is later laid down at the same path and restarted to the end, as the
-unchained sweep does with the first crash's disk.
+Chained, one process runs. At each point it forks a *continuation*, a copy of
+itself at that instant, which waits; the process reports its point and
+SIGKILLs itself through its crash plan, as every process of a sweep dies (no
+``finally``, no polite release). The harness reaps it, checks that SIGKILL
+ended it, copies the disk it left, and lets the continuation go on to the next
+point, where the same happens. The disk copied at point *m* is the disk a
+fresh process killed at *m* leaves: the process was at *m*, as a fresh one
+would be, when it died, and a dead process writes nothing. Each copy is later
+laid down at the same path and restarted to the end, as the unchained sweep
+does with a first crash's disk.
 
 A fork is only safe where nothing else is moving: a point reached on the main
 thread with no job in flight in the executor (the copy has no other thread; a
-fresh executor serves it). Elsewhere the process still reports the point and is
-killed there, and the chain ends: the group's next points get a new chain from
-the first crash's disk. Orphaned continuations are reparented to the harness,
-made a child subreaper for the chain's lifetime, so it reaps every one.
+fresh executor serves it). Elsewhere the process still reports the point and
+dies there, and the chain ends: the points after it get a new chain. Orphaned
+continuations are reparented to the harness, made a child subreaper for the
+chain's lifetime, so it reaps every one.
 """
 
 from __future__ import annotations
@@ -95,10 +96,8 @@ def _subreaper() -> Iterator[None]:
         prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def _killed_and_reaped(pid: int) -> bool:
-    """SIGKILL ``pid`` (a child of this process) and wait for it; whether the kill ended it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+def _died_by_sigkill(pid: int) -> bool:
+    """Wait for ``pid`` (a child of this process) to end; whether a SIGKILL ended it."""
     _, status = os.waitpid(pid, 0)
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
@@ -110,11 +109,11 @@ def chain_kills(
 ) -> list[ChainedKill]:
     """Kill one chain of processes at ``points`` (ascending); the disk under ``root`` at each.
 
-    ``start(plan, prepare)`` runs the restart in this (forked) child with
-    ``plan`` installed, calling ``prepare`` inside its event loop first; it is
-    called in a child of this process. The chain may end before the last point
-    (a point where a fork is unsafe ends it after that point's kill; a process
-    that never reached its point ends it too): the caller runs what is left.
+    ``start(plan, prepare)`` runs the restart with ``plan`` installed, calling
+    ``prepare`` inside its event loop first; it is called in a child of this
+    process. The chain may end before the last point (a point where a fork is
+    unsafe ends it after that point's kill; a process that never reached its
+    point, or did not die there, ends it too): the caller runs what is left.
     """
     wanted = sorted(set(points))
     if not wanted:
@@ -131,27 +130,32 @@ def chain_kills(
         os.close(report_w)
         os.close(go_r)
         alive = {pid: None}  # the chain's processes not yet reaped, oldest first
-        try:
-            with os.fdopen(report_r, "r") as reports:
+        with os.fdopen(report_r, "r") as reports:
+            try:
                 for line in reports:
                     point, dying, continuation = (int(word) for word in line.split())
                     if continuation:
                         alive[continuation] = None
-                    alive.pop(dying, None)
-                    if not _killed_and_reaped(dying):
+                    del alive[dying]
+                    if not _died_by_sigkill(dying):
                         break
                     kills.append(ChainedKill(point, Tree.read(root)))
                     if not continuation or point == wanted[-1]:
                         break
                     os.write(go_w, b"g")
-        finally:
-            os.close(go_w)
-            for straggler in alive:  # a chain cut short: none of it may outlive the call
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(straggler, signal.SIGKILL)
-            for straggler in alive:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(straggler, 0)
+            finally:
+                # A chain ended, or cut short: none of it may outlive the call. A
+                # continuation still waiting to go on reads the end of the go pipe and
+                # exits; every process of the chain writes its report before it dies.
+                os.close(go_w)
+                for straggler in alive:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(straggler, signal.SIGKILL)
+                for line in reports:
+                    alive.update((int(word), None) for word in line.split()[1:] if word != "0")
+                for straggler in alive:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(straggler, 0)
     return kills
 
 
@@ -192,8 +196,7 @@ def _chained_child(
                 prepare()  # the original's executor threads did not come along
                 return
         os.write(report_w, f"{point} {os.getpid()} {continuation}\n".encode())
-        while True:
-            signal.pause()  # until the harness's SIGKILL
+        plan.kill()  # SIGKILL, as every process of a sweep dies at its point
 
     plan.on_point = at_point
     code = 0

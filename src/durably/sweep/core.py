@@ -39,13 +39,14 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -91,6 +92,8 @@ StoreFactory = Callable[[Path], FileStore]
 
 RUN_ID = "sweep-run"
 MAX_RESTARTS = 6
+BATCH = 8
+"""Groups (first crashes) a worker takes at a time: their first kills are one chain."""
 
 
 def scratch_root() -> str | None:
@@ -463,6 +466,8 @@ class _Group:
     covers: int
     depth: int
     merge: bool = True
+    chain: bool = True
+    """Second crashes killed as one chain of processes (:mod:`durably.sweep._chain`)."""
 
 
 def _run_group(
@@ -470,87 +475,138 @@ def _run_group(
     group: _Group,
     reference: Counter[str],
     store: StoreFactory | None,
-    *,
-    chain: bool = True,
 ) -> list[ScenarioResult]:
-    """The first crash's scenario, then each second crash's, all from one real first kill.
+    """One group's scenarios: :func:`_run_batch` of one."""
+    (results,) = _run_batch(job, [group], reference, store)
+    return results
 
-    The first process is killed once; the disk it left is kept in memory and
-    laid down again, at the same path, before each second crash's restart. A
-    dead process writes nothing more, so that disk is the one a fresh world
-    killed at the same point would leave, and re-running the first process
-    for every second crash (most of a scenario's cost) proves nothing more.
-    With ``chain``, the restarts that die at the second crashes are one chain
-    of processes (:mod:`durably.sweep._chain`) instead of one restart each.
+
+def _run_batch(
+    job: SweepJob,
+    groups: Sequence[_Group],
+    reference: Counter[str],
+    store: StoreFactory | None,
+) -> list[list[ScenarioResult]]:
+    """Groups of one configuration, in order of first crash, one after another in one world.
+
+    Each group is its first crash's scenario, then each second crash's, all
+    from one real first kill: the disk the killed process left is kept in
+    memory and laid down again, at the same path, before each second crash's
+    restart. A dead process writes nothing more, so that disk is the one a
+    fresh world killed at the same point would leave, and re-running the first
+    process for every second crash (most of a scenario's cost) proves nothing
+    more. With ``chain`` (:mod:`durably.sweep._chain`), the batch's first kills
+    are one chain of processes from a fresh world, and so are each group's
+    second kills from its first crash's disk, instead of one process each.
     """
+    with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
+        world = World(root=Path(scratch) / "world", config=groups[0].config, store_factory=store)
+
+        def fresh() -> None:
+            if world.root.exists():
+                shutil.rmtree(world.root)
+            world.root.mkdir()
+            job.prepare(world)
+
+        chained: dict[int, Tree] = {}
+        if len(groups) > 1 and groups[0].chain:
+            chained = _chained_kills(job, world, [g.first for g in groups], fresh, first=True)
+        batch = []
+        for group in groups:
+            left = chained.get(group.first)
+            error = None
+            if left is None:
+                fresh()
+                error = _first_process(job, world, group.first)
+            else:
+                left.write(world.root)
+            batch.append(_after_first_kill(job, world, group, left, reference, store, error))
+        return batch
+
+
+def _after_first_kill(
+    job: SweepJob,
+    world: World,
+    group: _Group,
+    left: Tree | None,
+    reference: Counter[str],
+    store: StoreFactory | None,
+    error: str | None,
+) -> list[ScenarioResult]:
+    """A group's scenarios once its first process is dead: ``left`` is its disk, if copied."""
     first = ScenarioSpec(
         group.config, 1, group.first, None, (group.label,), group.covers, group.merge
     )
-    with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
-        world = World(root=Path(scratch) / "world", config=group.config, store_factory=store)
-        world.root.mkdir()
-        job.prepare(world)
-        error = _first_process(job, world, group.first)
-        if group.depth < 2:
-            return [restart_and_judge(job, world, first, reference, error)]
-        try:
-            left: Tree | None = Tree.read(world.root)
-        except Uncopyable:
-            left = None  # each second crash then starts from a fresh world
-        results = [restart_and_judge(job, world, first, reference, error)]
-        done = results[0]
-        specs = [
-            ScenarioSpec(
-                group.config, 2, group.first, point, (group.label, label), covers, group.merge
+    if group.depth < 2:
+        return [restart_and_judge(job, world, first, reference, error)]
+    if left is None:
+        with suppress(Uncopyable):  # if it is, each second crash starts from a fresh world
+            left = Tree.read(world.root)
+    results = [restart_and_judge(job, world, first, reference, error)]
+    done = results[0]
+    specs = [
+        ScenarioSpec(group.config, 2, group.first, point, (group.label, label), covers, group.merge)
+        for point, label, covers in zip(
+            done.restart_points, done.restart_labels, done.restart_covers, strict=True
+        )
+    ]
+    if left is None:
+        return results + [_run_scenario(job, spec, reference, store) for spec in specs]
+    disk = left
+    killed: dict[int, Tree] = {}
+    if group.chain:
+        seconds = [spec.second for spec in specs if spec.second is not None]
+        killed = _chained_kills(job, world, seconds, lambda: disk.write(world.root), first=False)
+    if killed:
+        # What the restart that died saw when it began: the first crash's disk.
+        left.write(world.root)
+        saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
+    for spec in specs:
+        if spec.second in killed:
+            killed[spec.second].write(world.root)
+            turns = job.call_log(world).turns(RUN_ID)
+            paid_twice = sum(1 for t in turns[asked:] if t <= saved_turns)
+            results.append(
+                restart_and_judge(job, world, spec, reference, error, second_killed=paid_twice)
             )
-            for point, label, covers in zip(
-                done.restart_points, done.restart_labels, done.restart_covers, strict=True
-            )
-        ]
-        if left is None:
-            return results + [_run_scenario(job, spec, reference, store) for spec in specs]
-        killed = _chained_kills(job, world, left, specs) if chain else {}
-        if killed:
-            # What the restart that died saw when it began: the first crash's disk.
+        else:
             left.write(world.root)
-            saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
-        for spec in specs:
-            if spec.second in killed:
-                killed[spec.second].write(world.root)
-                turns = job.call_log(world).turns(RUN_ID)
-                paid_twice = sum(1 for t in turns[asked:] if t <= saved_turns)
-                results.append(
-                    restart_and_judge(job, world, spec, reference, error, second_killed=paid_twice)
-                )
-            else:
-                left.write(world.root)
-                results.append(restart_and_judge(job, world, spec, reference, error))
-        return results
+            results.append(restart_and_judge(job, world, spec, reference, error))
+    return results
 
 
 def _chained_kills(
-    job: SweepJob, world: World, left: Tree, specs: Sequence[ScenarioSpec]
+    job: SweepJob,
+    world: World,
+    points: Sequence[int],
+    begin: Callable[[], None],
+    *,
+    first: bool,
 ) -> dict[int, Tree]:
-    """The disk each second crash leaves, by chains of kills.
+    """The disk a process leaves when killed at each of ``points``, by chains of kills.
 
-    A chain cut short (a point where forking is unsafe) is followed by a new
-    one from the first crash's disk for the points after it; a point no chain
-    reached is left out, for the caller to run alone.
+    ``begin`` lays down the disk each chain starts from (a fresh world, or a
+    first crash's disk); ``first`` says the chain starts the run rather than
+    resumes it. A chain cut short (a point where forking is unsafe) is followed
+    by a new one for the points after it; a point no chain reached is left
+    out, for the caller to run alone.
     """
     if not _chain.chaining_possible():
         return {}
-    left.write(world.root)
-    start = not world.has_run()
-
-    def restart(plan: faults.CrashPlan, prepare: Callable[[], None]) -> None:
-        logging.getLogger("durably").addHandler(logging.NullHandler())
-        _run_process(job, world, start=start, plan=plan, prepare=prepare)
-
     disks: dict[int, Tree] = {}
-    remaining = [spec.second for spec in specs if spec.second is not None]
+    remaining = list(points)
     while remaining:
-        left.write(world.root)
-        kills = _chain.chain_kills(world.root, remaining, restart)
+        begin()
+        start = first or not world.has_run()
+
+        def run(plan: faults.CrashPlan, prepare: Callable[[], None], start: bool = start) -> None:
+            logging.getLogger("durably").addHandler(logging.NullHandler())
+            _run_process(job, world, start=start, plan=plan, prepare=prepare)
+
+        try:
+            kills = _chain.chain_kills(world.root, remaining, run)
+        except Uncopyable:
+            break  # the points left are run one process each, from a fresh start
         if not kills:
             break
         disks.update((kill.point, kill.disk) for kill in kills)
@@ -921,6 +977,7 @@ def run_sweep(
     store: StoreFactory | None = None,
     workers: Workers = "fork",
     merge: bool = True,
+    chain: bool = True,
 ) -> SweepReport:
     """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
 
@@ -944,6 +1001,9 @@ def run_sweep(
         merge: run one scenario per run of points with equal fingerprints (the
             default); False kills at every labelled point, first and second,
             trusting no equivalence (several times slower).
+        chain: kill the restarts that die at a group's second crashes as one
+            chain of forked processes (the default); False starts one restart
+            from the first crash's disk for each (slower, judged alike).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -964,7 +1024,9 @@ def run_sweep(
         # Baselines already fail at depth 1; a second crash adds nothing to that proof.
         group_depth = depth if config.protected else 1
         for index, covers in _distinct(prints, merge):
-            groups.append(_Group(config, index, labels[index - 1], covers, group_depth, merge))
+            groups.append(
+                _Group(config, index, labels[index - 1], covers, group_depth, merge, chain)
+            )
     results: list[ScenarioResult] = []
     # A group's second crashes become known only when its first restart is
     # recorded: the total counts each group still to run at the mean size of
@@ -972,12 +1034,17 @@ def run_sweep(
     pending = Counter(group.depth for group in groups)
     sizes: dict[int, list[int]] = {1: [], 2: []}
 
-    run = functools.partial(_run_group_of, job, references, store)
+    batches: list[list[_Group]] = []
+    for config in configs:
+        mine = [group for group in groups if group.config is config]
+        batches += [mine[at : at + BATCH] for at in range(0, len(mine), BATCH)]
+    run = functools.partial(_run_batch_of, job, references, store)
     with scenario_workers(jobs, job, configs[0], run, store, workers) as run_all:
-        for group_depth, found in run_all(groups):
-            results.extend(found)
-            pending[group_depth] -= 1
-            sizes[group_depth].append(len(found))
+        for done in run_all(batches):
+            for group_depth, found in done:
+                results.extend(found)
+                pending[group_depth] -= 1
+                sizes[group_depth].append(len(found))
             if progress is not None:
                 left = sum(
                     count * (statistics.mean(sizes[d]) if sizes[d] else 1)
@@ -994,14 +1061,15 @@ def run_sweep(
     )
 
 
-def _run_group_of(
+def _run_batch_of(
     job: SweepJob,
     references: dict[str, Counter[str]],
     store: StoreFactory | None,
-    group: _Group,
-) -> tuple[int, list[ScenarioResult]]:
-    """A worker's task in :func:`run_sweep`: one group, and its depth for the progress total."""
-    return group.depth, _run_group(job, group, references[group.config.name], store)
+    batch: Sequence[_Group],
+) -> list[tuple[int, list[ScenarioResult]]]:
+    """A worker's task in :func:`run_sweep`: a batch of groups, each with its depth."""
+    found = _run_batch(job, batch, references[batch[0].config.name], store)
+    return [(group.depth, results) for group, results in zip(batch, found, strict=True)]
 
 
 def assert_clean(
