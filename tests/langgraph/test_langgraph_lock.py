@@ -1,0 +1,125 @@
+"""A thread's lock file, checked before every append without a GIL-releasing call.
+
+The owner compares the lock file's name with the descriptor it locked before
+each put and put_writes; whichever way the name stops leading to that file, it
+stops before writing, so a second owner that got in is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durably import LockLost
+from durably._sysio import FileSystem
+from durably.langgraph import DurablySaver
+
+
+def _checkpoint(cid: int) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "id": f"{cid:04d}",
+        "ts": "2026-01-01T00:00:00+00:00",
+        "channel_values": {"x": cid},
+        "channel_versions": {"x": str(cid)},
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+
+
+def _put(saver: DurablySaver, cid: int) -> None:
+    config: dict[str, Any] = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    if cid > 1:
+        config["configurable"]["checkpoint_id"] = f"{cid - 1:04d}"
+    saver.put(config, _checkpoint(cid), {"step": cid}, {"x": str(cid)})  # type: ignore[arg-type]
+
+
+def _put_writes(saver: DurablySaver, cid: int, task: str) -> None:
+    config: Any = {
+        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": f"{cid:04d}"}
+    }
+    saver.put_writes(config, [("x", f"{task}@{cid}")], task)
+
+
+def _delete(lock: Path) -> None:
+    lock.unlink()
+
+
+def _replace(lock: Path) -> None:
+    other = lock.with_name("other")
+    other.write_bytes(b"")
+    other.replace(lock)
+
+
+def _move_away(lock: Path) -> None:
+    lock.replace(lock.with_name("t.lock.old"))
+
+
+LOSSES: dict[str, Callable[[Path], None]] = {
+    "deleted": _delete,
+    "replaced": _replace,
+    "moved away": _move_away,
+}
+
+
+def _logs(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.glob("t.*log")}
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("call", ["put", "put_writes"])
+def test_a_lost_lock_file_stops_the_owner_before_it_writes(
+    tmp_path: Path, loss: str, call: str
+) -> None:
+    """Once the lock file's name no longer leads to the locked file, the owner's next put or
+    put_writes raises LockLost and writes nothing, and a second owner's records stay whole.
+    """
+    first = DurablySaver(tmp_path)
+    _put(first, 1)
+    _put_writes(first, 1, "a")  # opens the writes log: the next put_writes appends without the lock
+    LOSSES[loss](tmp_path / "t.lock")
+    with DurablySaver(tmp_path) as second:  # a new lock file: the second owner gets in
+        _put(second, 2)
+        _put_writes(second, 2, "b")
+    written = _logs(tmp_path)
+    attempt: Callable[[], None]
+    attempt = (lambda: _put(first, 3)) if call == "put" else (lambda: _put_writes(first, 2, "c"))
+    with pytest.raises(LockLost, match="deleted or replaced"):
+        attempt()
+    assert _logs(tmp_path) == written
+    with DurablySaver(tmp_path) as reader:
+        latest = reader.get_tuple({"configurable": {"thread_id": "t"}})
+    assert latest is not None
+    assert latest.checkpoint["id"] == "0002"
+    assert [w[0] for w in latest.pending_writes or []] == ["b"]
+    _put(first, 3)  # the handle was let go: this claims the thread again and reads the disk
+    first.close()
+    with DurablySaver(tmp_path) as reader:
+        latest = reader.get_tuple({"configurable": {"thread_id": "t"}})
+        ids = [found.checkpoint["id"] for found in reader.list(None)]
+    assert latest is not None
+    assert latest.parent_config is not None
+    assert latest.parent_config["configurable"]["checkpoint_id"] == "0002"
+    assert ids == ["0003", "0002", "0001"]
+
+
+def test_identity_tells_what_lstat_tells(tmp_path: Path) -> None:
+    """FileSystem.identity gives lstat's device and inode, of a symlink itself, None for nothing."""
+    fs = FileSystem()
+    (tmp_path / "file").write_bytes(b"")
+    (tmp_path / "link").symlink_to("file")
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ("file", "link"):
+            info = os.lstat(tmp_path / name)
+            assert fs.identity(name, dir_fd=dir_fd) == (info.st_dev, info.st_ino)
+        assert fs.identity("link", dir_fd=dir_fd) != fs.identity("file", dir_fd=dir_fd)
+        assert fs.identity("missing", dir_fd=dir_fd) is None
+        with pytest.raises(NotADirectoryError):
+            fs.identity("file/below", dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
