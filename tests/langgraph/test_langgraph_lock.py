@@ -7,6 +7,7 @@ stops before writing, so a second owner that got in is never overwritten.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from durably import LockLost
+from durably import LockLost, SaveFailed
 from durably._sysio import FileSystem
 from durably.langgraph import DurablySaver
 
@@ -123,3 +124,48 @@ def test_identity_tells_what_lstat_tells(tmp_path: Path) -> None:
             fs.identity("file/below", dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class FailingWrite(FileSystem):
+    """Fails the next write to a thread's log with EIO, once ``fail`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    def write(self, fd: int, data: bytes) -> None:
+        """Write, or fail once with EIO."""
+        if self.fail:
+            self.fail = False
+            raise OSError(errno.EIO, "injected")
+        super().write(fd, data)
+
+
+@pytest.mark.parametrize("call", ["put", "put_writes"])
+def test_a_failed_write_is_never_read_back_and_the_next_call_goes_on_from_the_disk(
+    tmp_path: Path, call: str
+) -> None:
+    """An append applies its record to the index before its write: when the write fails, the
+    saver drops that index, so the record is not read back, and the next call reads the disk.
+    """
+    fs = FailingWrite()
+    saver = DurablySaver(tmp_path, fs=fs)
+    _put(saver, 1)
+    _put_writes(saver, 1, "a")  # the writes log is open: a put_writes now appends without the lock
+    fs.fail = True
+    attempt: Callable[[], None]
+    attempt = (lambda: _put(saver, 2)) if call == "put" else (lambda: _put_writes(saver, 1, "b"))
+    with pytest.raises(SaveFailed, match="Input/output error"):
+        attempt()
+    latest = saver.get_tuple({"configurable": {"thread_id": "t"}})
+    assert latest is not None
+    assert latest.checkpoint["id"] == "0001"
+    assert [w[0] for w in latest.pending_writes or []] == ["a"]
+    attempt()
+    saver.close()
+    with DurablySaver(tmp_path) as reader:
+        ids = [found.checkpoint["id"] for found in reader.list(None)]
+        first = reader.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": "0001"}})
+    assert first is not None
+    assert ids == (["0002", "0001"] if call == "put" else ["0001"])
+    assert [w[0] for w in first.pending_writes or []] == (["a"] if call == "put" else ["a", "b"])
