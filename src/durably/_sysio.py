@@ -169,14 +169,17 @@ class FileSystem:
         ``statx``) without releasing the GIL: a lookup of one name in a
         directory whose entries are cached takes about a microsecond, while
         releasing the GIL lets a busy thread in and getting it back can take
-        until that thread blocks (see ``ThreadLog._check_lock_path``). Errors
-        other than a missing name raise ``OSError``, as :meth:`lstat` does.
+        until that thread blocks (see ``ThreadLog._check_lock_path``). When that
+        call fails, :meth:`lstat` says why (None for a missing name, else
+        ``OSError``).
         """
-        statx = _held_statx()
-        if statx is None:
-            info = self.lstat(name, dir_fd=dir_fd)
-            return None if info is None else (info.st_dev, info.st_ino)
-        return statx(name, dir_fd)
+        held = _held_statx()
+        if held is not None:
+            found = held(name, dir_fd)
+            if found is not None:
+                return found
+        info = self.lstat(name, dir_fd=dir_fd)
+        return None if info is None else (info.st_dev, info.st_ino)
 
     def listdir(self, dir_fd: int) -> list[str]:
         """Names in a directory."""
@@ -193,8 +196,11 @@ class FileSystem:
         return True
 
 
-_AT_SYMLINK_NOFOLLOW = 0x100
-_STATX_INO = 0x100
+_FLAGS = 0x100
+"""``AT_SYMLINK_NOFOLLOW``."""
+_MASK = 0x100
+"""``STATX_INO`` (the device's numbers come with every answer)."""
+_FS_ENCODING = sys.getfilesystemencoding()
 _statx_loaded = False
 _statx: Callable[[str, int], tuple[int, int] | None] | None = None
 
@@ -215,30 +221,23 @@ def _held_statx() -> Callable[[str, int], tuple[int, int] | None] | None:
     import ctypes  # imported where it is used: `import durably` stays light (issue 19)
 
     try:
-        function = ctypes.PyDLL(None, use_errno=True).statx
+        function = ctypes.PyDLL(None).statx
     except (OSError, AttributeError):  # pragma: no cover - a libc without statx (glibc < 2.28)
         return None
-    # No argtypes: ctypes passes Python ints as C ints and bytes as pointers as they are,
-    # and checking declared types costs more than the system call.
+    # No argtypes, and no errno (a failed call is asked again through lstat): ctypes passes
+    # Python ints as C ints and bytes and buffers as pointers as they are, and checking
+    # declared types costs more than the system call.
     function.restype = ctypes.c_int
+    buffer_type = ctypes.c_char * 256
     unpack = struct.Struct("=32xQ96xII").unpack_from
-    new_buffer = ctypes.create_string_buffer
+    makedev = os.makedev
 
     def statx(name: str, dir_fd: int) -> tuple[int, int] | None:
-        buffer = new_buffer(256)  # a buffer per call: threads may switch between bytecodes
-        if function(dir_fd, os.fsencode(name), _AT_SYMLINK_NOFOLLOW, _STATX_INO, buffer) != 0:
-            code = ctypes.get_errno()
-            if code == errno.ENOENT:
-                return None
-            if code in (
-                errno.ENOSYS,
-                errno.EPERM,
-            ):  # pragma: no cover - a kernel before 4.11, or a sandbox without statx
-                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                return (info.st_dev, info.st_ino)
-            raise OSError(code, os.strerror(code), name)
+        buffer = buffer_type()  # one per call: threads may switch between bytecodes
+        if function(dir_fd, name.encode(_FS_ENCODING, "surrogateescape"), _FLAGS, _MASK, buffer):
+            return None
         inode, major, minor = unpack(buffer)
-        return (os.makedev(major, minor), inode)
+        return (makedev(major, minor), inode)
 
     _statx = statx
     return _statx
