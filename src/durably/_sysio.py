@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import stat
-import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -162,25 +161,6 @@ class FileSystem:
         except FileNotFoundError:
             return None
 
-    def identity(self, name: str, *, dir_fd: int) -> tuple[int, int] | None:
-        """The (device, inode) ``name`` leads to (not following a symlink); None if nothing is.
-
-        The same answer as :meth:`lstat`, but where it can (Linux with glibc's
-        ``statx``) without releasing the GIL: a lookup of one name in a
-        directory whose entries are cached takes about a microsecond, while
-        releasing the GIL lets a busy thread in and getting it back can take
-        until that thread blocks (see ``ThreadLog._check_lock_path``). When that
-        call fails, :meth:`lstat` says why (None for a missing name, else
-        ``OSError``).
-        """
-        held = _held_statx()
-        if held is not None:
-            found = held(name, dir_fd)
-            if found is not None:
-                return found
-        info = self.lstat(name, dir_fd=dir_fd)
-        return None if info is None else (info.st_dev, info.st_ino)
-
     def listdir(self, dir_fd: int) -> list[str]:
         """Names in a directory."""
         return os.listdir(dir_fd)
@@ -194,53 +174,6 @@ class FileSystem:
                 return False
             raise
         return True
-
-
-_FLAGS = 0x100
-"""``AT_SYMLINK_NOFOLLOW``."""
-_MASK = 0x100
-"""``STATX_INO`` (the device's numbers come with every answer)."""
-_FS_ENCODING = sys.getfilesystemencoding()
-_statx_loaded = False
-_statx: Callable[[str, int], tuple[int, int] | None] | None = None
-
-
-def _held_statx() -> Callable[[str, int], tuple[int, int] | None] | None:
-    """The C library's ``statx``, called with the GIL held (ctypes' ``PyDLL``), or None.
-
-    ``struct statx`` has one layout on every architecture (unlike ``struct
-    stat``), so only its offsets are needed: the inode at byte 32 and the
-    device's major and minor numbers at bytes 136 and 140, in a 256-byte record.
-    """
-    global _statx_loaded, _statx
-    if _statx_loaded:
-        return _statx
-    _statx_loaded = True
-    if sys.platform != "linux":  # pragma: no cover - not run on Linux CI
-        return None
-    import ctypes  # imported where it is used: `import durably` stays light (issue 19)
-
-    try:
-        function = ctypes.PyDLL(None).statx
-    except (OSError, AttributeError):  # pragma: no cover - a libc without statx (glibc < 2.28)
-        return None
-    # No argtypes, and no errno (a failed call is asked again through lstat): ctypes passes
-    # Python ints as C ints and bytes and buffers as pointers as they are, and checking
-    # declared types costs more than the system call.
-    function.restype = ctypes.c_int
-    buffer_type = ctypes.c_char * 256
-    unpack = struct.Struct("=32xQ96xII").unpack_from
-    makedev = os.makedev
-
-    def statx(name: str, dir_fd: int) -> tuple[int, int] | None:
-        buffer = buffer_type()  # one per call: threads may switch between bytecodes
-        if function(dir_fd, name.encode(_FS_ENCODING, "surrogateescape"), _FLAGS, _MASK, buffer):
-            return None
-        inode, major, minor = unpack(buffer)
-        return (makedev(major, minor), inode)
-
-    _statx = statx
-    return _statx
 
 
 def temp_name(stem: str) -> str:

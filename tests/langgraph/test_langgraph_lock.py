@@ -1,4 +1,4 @@
-"""A thread's lock file, checked before every append without a GIL-releasing call.
+"""A thread's lock file, checked before every append, and a failed append's record.
 
 The owner compares the lock file's name with the descriptor it locked before
 each put and put_writes; whichever way the name stops leading to that file, it
@@ -8,7 +8,6 @@ stops before writing, so a second owner that got in is never overwritten.
 from __future__ import annotations
 
 import errno
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,24 +105,6 @@ def test_a_lost_lock_file_stops_the_owner_before_it_writes(
     assert latest.parent_config is not None
     assert latest.parent_config["configurable"]["checkpoint_id"] == "0002"
     assert ids == ["0003", "0002", "0001"]
-
-
-def test_identity_tells_what_lstat_tells(tmp_path: Path) -> None:
-    """FileSystem.identity gives lstat's device and inode, of a symlink itself, None for nothing."""
-    fs = FileSystem()
-    (tmp_path / "file").write_bytes(b"")
-    (tmp_path / "link").symlink_to("file")
-    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for name in ("file", "link"):
-            info = os.lstat(tmp_path / name)
-            assert fs.identity(name, dir_fd=dir_fd) == (info.st_dev, info.st_ino)
-        assert fs.identity("link", dir_fd=dir_fd) != fs.identity("file", dir_fd=dir_fd)
-        assert fs.identity("missing", dir_fd=dir_fd) is None
-        with pytest.raises(NotADirectoryError):
-            fs.identity("file/below", dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class FailingWrite(FileSystem):

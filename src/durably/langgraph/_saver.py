@@ -13,10 +13,10 @@ thread waits (one append at a time per log), and whatever closes or rewrites
 the handle waits first (:meth:`DurablySaver._quiesce`, :meth:`DurablySaver.release`).
 Those waits hold the saver's lock, which the flush in progress never needs again.
 
-Each ``put`` and ``put_writes`` does all of its work (encoding, the index) before
-its one durable write and nothing after it but a return: every blocking call
-lets LangGraph's main thread take the GIL, and the saver's thread then waits to
-get it back (design.md, LangGraph saver).
+Each ``put`` and ``put_writes`` does all of its work (encoding, the lock check,
+the index) before its durable write and nothing after it but a return: the
+write lets LangGraph's main thread take the GIL, and whatever the saver's thread
+did after it would first wait to get the GIL back (design.md, LangGraph saver).
 """
 
 from __future__ import annotations
@@ -200,8 +200,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
                     blobs=blobs,
                 )
                 # Everything but the write is done first (the index too): once the write
-                # returns, only a return is left, so the thread that called this need not
-                # win the GIL back more than once.
+                # returns, only a return is left for after the GIL is won back.
                 handle.append(record, lists=lists)
                 faults.point("langgraph.put.saved")
             except BaseException:

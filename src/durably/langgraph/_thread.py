@@ -76,8 +76,8 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem, filesystem_type, is_network_fs
-from ..errors import CheckpointCorrupt, Locked, LockLost, SaveFailed
+from .._sysio import FileSystem, filesystem_type
+from ..errors import CheckpointCorrupt, Locked, SaveFailed
 from ..stores.journal import (
     JournalRun,
     JournalStore,
@@ -434,28 +434,12 @@ class ThreadStore(JournalStore):
     ) -> None:
         super().__init__(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
         self._reserves: bool | None = None
-        self._local: bool | None = None
 
     def reserves_space(self) -> bool:
         """True when logs here get space reserved ahead of their end (see the module doc)."""
         if self._reserves is None:
             self._reserves = filesystem_type(self.directory) in _RESERVING_FS
         return self._reserves
-
-    def identity(self, name: str) -> tuple[int, int] | None:
-        """The (device, inode) a name in the directory leads to (None: nothing there).
-
-        On a local file system with the GIL held (:meth:`FileSystem.identity`); on a
-        network one (``allow_network_fs``), where a lookup may wait for a server,
-        through ``lstat``, which lets other threads run meanwhile.
-        """
-        dir_fd = self._directory_fd()
-        if self._local is None:
-            self._local = not is_network_fs(filesystem_type(self.directory))
-        if self._local:
-            return self.fs.identity(name, dir_fd=dir_fd)
-        info = self.fs.lstat(name, dir_fd=dir_fd)
-        return None if info is None else (info.st_dev, info.st_ino)
 
     def claim_sync(self, thread_id: str) -> ThreadLog:
         """Take the thread's lock (``ThreadLocked`` at once if held elsewhere) and load it."""
@@ -665,24 +649,6 @@ class ThreadLog(JournalRun):
         """Wait until no put_writes holds the writes log (see :attr:`flushing`)."""
         with self.flushing:
             pass
-
-    def _check_lock_path(self) -> None:
-        """Stop when the lock file's name no longer leads to the file this handle locked.
-
-        The journal's check, made through :meth:`ThreadStore.identity`: the same
-        comparison of the name's device and inode with the locked descriptor's,
-        before every append, but on a local file system without releasing the GIL
-        (a release here costs the calling thread a wait for LangGraph's main thread,
-        and leaves a wider gap between the check and the write it guards).
-        """
-        lock_name = self._run_id + _LOCK_SUFFIX
-        try:
-            found = self._threads.identity(lock_name)
-        except OSError:
-            found = None
-        if found != self._lock_inode:
-            self._broken = "the lock file was deleted or replaced while held"
-            raise LockLost(run_id=self._run_id, path=self._threads._path(lock_name))  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
 
     def _adopt_index(
         self, index: Index, *, generation: int, log_size: int, split: bool, writes_size: int
