@@ -256,9 +256,9 @@ class DurablySaver(BaseCheckpointSaver[str]):
         lock: on a new thread, a format 2 one, or the first writes since the claim
         (which open the writes log). Called with the handle's ``flushing`` held.
         """
-        taken = handle.index.write_keys_taken(ns, checkpoint_id)
+        stored = handle.index.writes.get((ns, checkpoint_id), {})
         # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
-        items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in taken]
+        items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in stored]
         if not items:
             return None
         if not (handle.exists and handle.split and handle.writes_log_open):

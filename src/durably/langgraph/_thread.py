@@ -231,7 +231,7 @@ def frame(record: Record) -> bytes:
 # -- the in-memory index -----------------------------------------------------------------
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """A stored blob; ``base`` is the node it extends (its value is base's value + this one's)."""
 
@@ -308,23 +308,10 @@ class Index:
                     f"{blob.base}, which holds no such value",
                 )
         self._order += 1
-        node = Node(
-            ns=ns,
-            channel=blob.channel,
-            version=blob.version,
-            type=blob.type,
-            data=blob.data,
-            base=base,
-            seq=seq,
-            order=self._order,
-        )
+        node = Node(ns, blob.channel, blob.version, blob.type, blob.data, base, seq, self._order)
         self.nodes[(ns, blob.channel, blob.version)] = node
         self.tips[(ns, blob.channel)] = node
         self._by_seq[(seq, ns, blob.channel)] = node
-
-    def write_keys_taken(self, ns: str, checkpoint_id: str) -> set[tuple[str, int]]:
-        """The (task ID, idx) pairs already stored for a checkpoint."""
-        return set(self.writes.get((ns, checkpoint_id), {}))
 
     def rewritten(
         self, *, keep: set[tuple[str, str]] | None, versions: dict[tuple[str, str], Any], start: int
@@ -691,7 +678,10 @@ class ThreadLog(JournalRun):
         end = log_file.size + len(record)
         if end > log_file.reserved and log_file.reserving:
             self._reserve(log_file, fd, end)
-        self._step(lambda: fs.write(fd, record), name, fatal=store.sync)
+        try:  # as _step does, without a closure per append
+            fs.write(fd, record)
+        except OSError as exc:
+            raise self._failed(exc, name, store.sync) from exc
         faults.point("store.append.written")
         if store.sync and not _DSYNC:
             self._step(lambda: fs.datasync(fd), name, fatal=True)
