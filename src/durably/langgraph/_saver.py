@@ -8,10 +8,15 @@ writes log without holding it, so that the step's ``put`` (LangGraph starts it
 while the step's writes are still being saved) need not wait for that flush;
 the flushed record is queued on the handle and applied to its index by the
 next holder of the lock that reads the index (``ThreadLog.index``). While it
-flushes, the handle is ``busy``: a second ``put_writes`` on the thread waits
-(one append at a time per log), and whatever closes or rewrites the handle
-waits first (:meth:`DurablySaver._quiesce`, :meth:`DurablySaver.release`). Those
-waits hold the lock, which the flush in progress never needs again.
+flushes, it holds the handle's ``flushing`` lock: a second ``put_writes`` on the
+thread waits (one append at a time per log), and whatever closes or rewrites
+the handle waits first (:meth:`DurablySaver._quiesce`, :meth:`DurablySaver.release`).
+Those waits hold the saver's lock, which the flush in progress never needs again.
+
+Each ``put`` and ``put_writes`` does all of its work (encoding, the lock check,
+the index) before its durable write and nothing after it but a return: the
+write lets LangGraph's main thread take the GIL, and whatever the saver's thread
+did after it would first wait to get the GIL back (design.md, LangGraph saver).
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import os
 import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -112,7 +116,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             handle = self._owned.pop(thread_id, None)
             if handle is not None:
-                handle.idle.wait()
+                handle.wait_idle()
                 handle.close_sync()
 
     def __enter__(self) -> Self:
@@ -158,50 +162,53 @@ class DurablySaver(BaseCheckpointSaver[str]):
         # put_writes is still being flushed, and this work needs nothing it guards.
         encoded_checkpoint = self.serde.dumps_typed(header)
         encoded_metadata = self.serde.dumps_typed(full_metadata)
-        with self._writing(thread_id) as handle:
-            seq = handle.index.seq + 1
-            blobs: list[Blob] = []
-            remembered: dict[tuple[str, str], list[Any] | None] = {}
-            for channel, version in new_versions.items():
-                if channel not in values:
-                    blobs.append(Blob(channel, version, "empty", b""))
-                    remembered[(ns, channel)] = None
-                    continue
-                value = values[channel]
-                base = self._extends(handle, ns, channel, value)
-                if base is not None:
-                    node, length = base
-                    type_, data = self.serde.dumps_typed(value[length:])
-                    blobs.append(Blob(channel, version, type_, data, node.seq))
-                else:
-                    type_, data = self.serde.dumps_typed(value)
-                    blobs.append(Blob(channel, version, type_, data))
-                remembered[(ns, channel)] = list(value) if isinstance(value, list) else None
-            record = Put(
-                seq=seq,
-                ns=ns,
-                id=checkpoint["id"],
-                parent=configurable.get("checkpoint_id"),
-                checkpoint=encoded_checkpoint,
-                metadata=encoded_metadata,
-                run_id=run_id if isinstance(run_id, str) else None,
-                blobs=blobs,
-            )
-            handle.append(record)
-            for key, listed in remembered.items():
-                tip = handle.index.tips.get(key)
-                if listed is not None and tip is not None:
-                    handle.previous[key] = (tip, listed)
-                else:
-                    handle.previous.pop(key, None)
-            faults.point("langgraph.put.saved")
-        return {
+        saved: RunnableConfig = {
             "configurable": {
                 "thread_id": thread_id,
                 "checkpoint_ns": ns,
                 "checkpoint_id": checkpoint["id"],
             }
         }
+        with self._lock:
+            handle = self._ready(thread_id)
+            try:
+                blobs: list[Blob] = []
+                lists: dict[tuple[str, str], list[Any] | None] = {}
+                for channel, version in new_versions.items():
+                    if channel not in values:
+                        blobs.append(Blob(channel, version, "empty", b""))
+                        lists[(ns, channel)] = None
+                        continue
+                    value = values[channel]
+                    base = self._extends(handle, ns, channel, value)
+                    if base is not None:
+                        node, length = base
+                        type_, data = self.serde.dumps_typed(value[length:])
+                        blobs.append(Blob(channel, version, type_, data, node.seq))
+                    else:
+                        type_, data = self.serde.dumps_typed(value)
+                        blobs.append(Blob(channel, version, type_, data))
+                    lists[(ns, channel)] = list(value) if isinstance(value, list) else None
+                record = Put(
+                    seq=handle.index.seq + 1,
+                    ns=ns,
+                    id=checkpoint["id"],
+                    parent=configurable.get("checkpoint_id"),
+                    checkpoint=encoded_checkpoint,
+                    metadata=encoded_metadata,
+                    run_id=run_id if isinstance(run_id, str) else None,
+                    blobs=blobs,
+                )
+                # Everything but the write is done first (the index too): once the write
+                # returns, only a return is left for after the GIL is won back.
+                handle.append(record, lists=lists)
+                faults.point("langgraph.put.saved")
+            except BaseException:
+                # The disk may hold more than the index now (a flushed append whose reply
+                # was an error): the next write claims the thread again and reads the disk.
+                self.release(thread_id)
+                raise
+        return saved
 
     def put_writes(
         self,
@@ -221,37 +228,55 @@ class DurablySaver(BaseCheckpointSaver[str]):
         ]  # before the lock, as in put
         with self._lock:
             handle = self._ready(thread_id)
-            handle.idle.wait()  # one append at a time per log; the one in progress needs no lock
+            # One append at a time per log; the one in progress needs no lock to finish.
+            handle.flushing.acquire()
             try:
-                taken = handle.index.write_keys_taken(ns, checkpoint_id)
-                # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
-                items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in taken]
-                if not items:
-                    return
-                if not (handle.exists and handle.split and handle.writes_log_open):
-                    # A new thread, a format 2 one, or the first writes since the claim
-                    # (the writes log is opened): under the lock.
-                    handle.append(
-                        Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
-                    )
-                    faults.point("langgraph.writes.saved")
-                    return
-                handle._check_usable()  # noqa: SLF001 -- the saver owns its handles: the closed, broken and lost-lock checks
-                record = Writes(handle.index.wseq + 1, ns, checkpoint_id, task_id, task_path, items)
-                framed = frame(record)
+                staged = self._stage_writes(handle, ns, checkpoint_id, task_id, task_path, encoded)
             except BaseException:
+                handle.flushing.release()
                 self.release(thread_id)
                 raise
-            handle.busy = True
-            handle.idle.clear()
-        self._flush_writes(handle, record, framed)
-        faults.point("langgraph.writes.saved")
+            if staged is None:
+                handle.flushing.release()
+                return
+        self._flush_writes(handle, *staged)
+
+    def _stage_writes(
+        self,
+        handle: ThreadLog,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        encoded: list[tuple[int, str, str, bytes]],
+    ) -> tuple[Writes, bytes] | None:
+        """A task's writes record, framed, to append without the saver's lock; or None.
+
+        None when there was nothing to store, or when it was stored here, under the
+        lock: on a new thread, a format 2 one, or the first writes since the claim
+        (which open the writes log). Called with the handle's ``flushing`` held.
+        """
+        stored = handle.index.writes.get((ns, checkpoint_id), {})
+        # As LangGraph's own savers do: a regular write (idx >= 0) is never replaced.
+        items = [item for item in encoded if item[0] < 0 or (task_id, item[0]) not in stored]
+        if not items:
+            return None
+        if not (handle.exists and handle.split and handle.writes_log_open):
+            handle.append(
+                Writes(handle.index.seq + 1, ns, checkpoint_id, task_id, task_path, items)
+            )
+            faults.point("langgraph.writes.saved")
+            return None
+        handle._check_usable()  # noqa: SLF001 -- the saver owns its handles: the closed, broken and lost-lock checks
+        record = Writes(handle.index.wseq + 1, ns, checkpoint_id, task_id, task_path, items)
+        return record, frame(record)
 
     def _flush_writes(self, handle: ThreadLog, record: Writes, framed: bytes) -> None:
-        """Append a busy handle's writes record without the saver's lock, then queue it.
+        """Append a writes record without the saver's lock, then queue it and let go of the log.
 
-        Nothing here takes the lock before the handle is idle again: holders of
-        the lock wait for that (see the module docstring).
+        Called holding the handle's ``flushing``, which :meth:`ThreadLog.flushed` (or
+        :meth:`ThreadLog.break_off`) releases; nothing here takes the saver's lock
+        before that, since holders of the lock wait for it (see the module docstring).
         """
         try:
             handle.append_writes_unlocked(framed)
@@ -265,6 +290,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 raise error from exc
             raise
         handle.flushed(record)
+        faults.point("langgraph.writes.saved")
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and writes (its lock file stays, as lock files do)."""
@@ -469,22 +495,6 @@ class DurablySaver(BaseCheckpointSaver[str]):
     async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
         return await _off_the_loop(self.store.sync, function, *arguments)
 
-    @contextmanager
-    def _writing(self, thread_id: str) -> Iterator[ThreadLog]:
-        """The owned thread, under the saver's lock; a failed write gives the thread up.
-
-        After a failed write the disk may hold more than the index (a flushed
-        append whose reply was an error), so the next write claims the thread
-        again and reads what the disk says.
-        """
-        with self._lock:
-            handle = self._ready(thread_id)
-            try:
-                yield handle
-            except BaseException:
-                self.release(thread_id)
-                raise
-
     def _ready(self, thread_id: str) -> ThreadLog:
         """The owned thread, claimed if need be (under the lock)."""
         handle = self._owned.get(thread_id)
@@ -496,10 +506,10 @@ class DurablySaver(BaseCheckpointSaver[str]):
         """Wait (under the lock) until no put_writes is flushing without it.
 
         Called first by whatever closes, rewrites or deletes handles: once it
-        returns, and while the lock is held, no handle becomes busy.
+        returns, and while the lock is held, no put_writes starts flushing.
         """
         for handle in list(self._owned.values()):
-            handle.idle.wait()
+            handle.wait_idle()
 
     def _borrow(self, thread_id: str) -> ThreadLog:
         if thread_id not in self._owned:
