@@ -167,3 +167,30 @@ def test_no_process_of_a_chain_outlives_it(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) == descriptors
     children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
     assert children == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_sweep_command_judges_alike_with_and_without_chains(tmp_path: Path) -> None:
+    """``durably sweep --no-chain`` and the default give the same scenarios, one by one."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "durably", "sweep", "--depth", "2", "--jobs", "2"]
+    found = {}
+    for name, extra in (("chained", []), ("separate", ["--no-chain"])):
+        report = tmp_path / f"{name}.json"
+        done = subprocess.run(
+            [*command, "--config", "lookups off", "--json", str(report), *extra],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=500,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[name] = json.loads(report.read_text())
+    assert found["chained"]["rows"] == found["separate"]["rows"]
+    assert found["chained"]["scenarios"] == found["separate"]["scenarios"]
+    assert found["chained"]["rows"][1]["questions"] > 0  # a row with something to hide
