@@ -162,11 +162,13 @@ def test_no_process_of_a_chain_outlives_it(tmp_path: Path) -> None:
         for n in range(4):
             faults.point(f"test.{n}")
 
-    descriptors = len(os.listdir("/proc/self/fd"))
+    def children() -> set[str]:  # the session's own (a test server) are there before and after
+        return set(Path(f"/proc/self/task/{os.getpid()}/children").read_text().split())
+
+    descriptors, before = len(os.listdir("/proc/self/fd")), children()
     _chain_in(tmp_path, body, [1, 2])
     assert len(os.listdir("/proc/self/fd")) == descriptors
-    children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
-    assert children == []
+    assert children() <= before
 
 
 @pytest.mark.slow
