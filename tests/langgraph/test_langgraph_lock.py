@@ -10,39 +10,13 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _lg_calls import put, put_writes
 
 from durably import LockLost, SaveFailed
 from durably._sysio import FileSystem
 from durably.langgraph import DurablySaver
-
-
-def _checkpoint(cid: int) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "id": f"{cid:04d}",
-        "ts": "2026-01-01T00:00:00+00:00",
-        "channel_values": {"x": cid},
-        "channel_versions": {"x": str(cid)},
-        "versions_seen": {},
-        "updated_channels": None,
-    }
-
-
-def _put(saver: DurablySaver, cid: int) -> None:
-    config: dict[str, Any] = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-    if cid > 1:
-        config["configurable"]["checkpoint_id"] = f"{cid - 1:04d}"
-    saver.put(config, _checkpoint(cid), {"step": cid}, {"x": str(cid)})  # type: ignore[arg-type]
-
-
-def _put_writes(saver: DurablySaver, cid: int, task: str) -> None:
-    config: Any = {
-        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": f"{cid:04d}"}
-    }
-    saver.put_writes(config, [("x", f"{task}@{cid}")], task)
 
 
 def _delete(lock: Path) -> None:
@@ -79,15 +53,15 @@ def test_a_lost_lock_file_stops_the_owner_before_it_writes(
     put_writes raises LockLost and writes nothing, and a second owner's records stay whole.
     """
     first = DurablySaver(tmp_path)
-    _put(first, 1)
-    _put_writes(first, 1, "a")  # opens the writes log: the next put_writes appends without the lock
+    put(first, 1)
+    put_writes(first, 1, "a")  # opens the writes log: the next put_writes appends without the lock
     LOSSES[loss](tmp_path / "t.lock")
     with DurablySaver(tmp_path) as second:  # a new lock file: the second owner gets in
-        _put(second, 2)
-        _put_writes(second, 2, "b")
+        put(second, 2)
+        put_writes(second, 2, "b")
     written = _logs(tmp_path)
     attempt: Callable[[], None]
-    attempt = (lambda: _put(first, 3)) if call == "put" else (lambda: _put_writes(first, 2, "c"))
+    attempt = (lambda: put(first, 3)) if call == "put" else (lambda: put_writes(first, 2, "c"))
     with pytest.raises(LockLost, match="deleted or replaced"):
         attempt()
     assert _logs(tmp_path) == written
@@ -96,7 +70,7 @@ def test_a_lost_lock_file_stops_the_owner_before_it_writes(
     assert latest is not None
     assert latest.checkpoint["id"] == "0002"
     assert [w[0] for w in latest.pending_writes or []] == ["b"]
-    _put(first, 3)  # the handle was let go: this claims the thread again and reads the disk
+    put(first, 3)  # the handle was let go: this claims the thread again and reads the disk
     first.close()
     with DurablySaver(tmp_path) as reader:
         latest = reader.get_tuple({"configurable": {"thread_id": "t"}})
@@ -131,11 +105,11 @@ def test_a_failed_write_is_never_read_back_and_the_next_call_goes_on_from_the_di
     """
     fs = FailingWrite()
     saver = DurablySaver(tmp_path, fs=fs)
-    _put(saver, 1)
-    _put_writes(saver, 1, "a")  # the writes log is open: a put_writes now appends without the lock
+    put(saver, 1)
+    put_writes(saver, 1, "a")  # the writes log is open: a put_writes now appends without the lock
     fs.fail = True
     attempt: Callable[[], None]
-    attempt = (lambda: _put(saver, 2)) if call == "put" else (lambda: _put_writes(saver, 1, "b"))
+    attempt = (lambda: put(saver, 2)) if call == "put" else (lambda: put_writes(saver, 1, "b"))
     with pytest.raises(SaveFailed, match="Input/output error"):
         attempt()
     latest = saver.get_tuple({"configurable": {"thread_id": "t"}})

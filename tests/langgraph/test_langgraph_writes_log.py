@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from _lg_agent import build
+from _lg_calls import put, put_writes
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
@@ -27,32 +28,6 @@ from durably.langgraph._thread import records
 
 FORMAT2 = Path(__file__).resolve().parent.parent / "testdata" / "langgraph-format2"
 THREAD: RunnableConfig = {"configurable": {"thread_id": "t"}}
-
-
-def _checkpoint(cid: int) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "id": f"{cid:04d}",
-        "ts": "2026-01-01T00:00:00+00:00",
-        "channel_values": {"x": cid},
-        "channel_versions": {"x": str(cid)},
-        "versions_seen": {},
-        "updated_channels": None,
-    }
-
-
-def _put(saver: DurablySaver, cid: int) -> None:
-    config: dict[str, Any] = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-    if cid > 1:
-        config["configurable"]["checkpoint_id"] = f"{cid - 1:04d}"
-    saver.put(config, _checkpoint(cid), {"step": cid}, {"x": str(cid)})  # type: ignore[arg-type]
-
-
-def _put_writes(saver: DurablySaver, cid: int, task: str) -> None:
-    config: Any = {
-        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": f"{cid:04d}"}
-    }
-    saver.put_writes(config, [("x", f"{task}@{cid}")], task)
 
 
 def _writes(directory: Path, cid: int) -> list[tuple[str, str, Any]]:
@@ -91,13 +66,13 @@ def test_a_put_completes_while_the_steps_writes_are_still_being_flushed(tmp_path
     """A put does not wait for a put_writes' flush, and close waits for that flush to finish."""
     fs = HeldWrites()
     saver = DurablySaver(tmp_path, fs=fs)
-    _put(saver, 1)
-    _put_writes(saver, 1, "a")  # creates the writes log (under the saver's lock)
+    put(saver, 1)
+    put_writes(saver, 1, "a")  # creates the writes log (under the saver's lock)
     fs.hold.set()
-    writer = threading.Thread(target=_put_writes, args=(saver, 1, "b"))
+    writer = threading.Thread(target=put_writes, args=(saver, 1, "b"))
     writer.start()
     assert fs.held.wait(10)
-    _put(saver, 2)  # with the old one-lock saver this blocks until the writes are let go
+    put(saver, 2)  # with the old one-lock saver this blocks until the writes are let go
     first = saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": "0001"}})
     assert first is not None
     assert [w[0] for w in first.pending_writes or []] == ["a"]  # "b" is not acknowledged yet
@@ -119,9 +94,9 @@ def test_a_torn_last_writes_record_is_cut_and_damage_before_a_whole_one_is_corru
 ) -> None:
     """The writes log keeps the log's rule: a torn tail was never acknowledged; a hole is damage."""
     with DurablySaver(tmp_path) as saver:
-        _put(saver, 1)
+        put(saver, 1)
         for task in ("a", "b", "c"):
-            _put_writes(saver, 1, task)
+            put_writes(saver, 1, task)
     wlog = tmp_path / "t.1.wlog"
     data = wlog.read_bytes()
     ends = [end for _, end in records(data, path="wlog")]
@@ -131,7 +106,7 @@ def test_a_torn_last_writes_record_is_cut_and_damage_before_a_whole_one_is_corru
     (torn / "t.1.wlog").write_bytes(data[: ends[1] + 5])
     assert [w[0] for w in _writes(torn, 1)] == ["a", "b"]
     with DurablySaver(torn) as saver:
-        _put_writes(saver, 1, "d")  # the claim cut the torn tail: the next record follows "b"
+        put_writes(saver, 1, "d")  # the claim cut the torn tail: the next record follows "b"
     assert [w[0] for w in _writes(torn, 1)] == ["a", "b", "d"]
     damaged = tmp_path / "damaged"
     shutil.copytree(tmp_path, damaged, ignore=shutil.ignore_patterns("torn", "damaged"))
@@ -145,13 +120,13 @@ def test_a_torn_last_writes_record_is_cut_and_damage_before_a_whole_one_is_corru
 def test_a_missing_writes_log_is_corrupt_when_read_and_when_claimed(tmp_path: Path) -> None:
     """The writes log is made with its generation: one gone missing is damage, not "no writes"."""
     with DurablySaver(tmp_path) as saver:
-        _put(saver, 1)
+        put(saver, 1)
     assert (tmp_path / "t.1.wlog").read_bytes() == b""  # made empty with the log
     (tmp_path / "t.1.wlog").unlink()
     with pytest.raises(CheckpointCorrupt, match=r"t\.1\.wlog"):
         _writes(tmp_path, 1)
     with DurablySaver(tmp_path) as saver, pytest.raises(CheckpointCorrupt, match="missing"):
-        _put_writes(saver, 1, "a")
+        put_writes(saver, 1, "a")
 
 
 def test_a_format_2_thread_reads_goes_on_in_one_log_and_a_prune_makes_it_format_3(
