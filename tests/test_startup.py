@@ -137,6 +137,16 @@ def test_reading_a_store_loads_no_agent_machinery(
     assert [m for m in ours(loaded) if m.startswith(NOT_FOR_READING)] == []
 
 
+def test_listing_runs_loads_no_rich(small_store: Path) -> None:
+    """`durably runs` writes its table as text: rich is not even loaded, unless to say an error."""
+    argv = ["runs", "--state", str(small_store)]
+    loaded = modules_after(
+        f"sys.argv = ['durably', *{argv!r}]\nfrom durably.cli import main\nmain()"
+    )
+    assert "durably.listing" in loaded
+    assert heavy(loaded) == []
+
+
 def test_the_version_is_read_on_first_use() -> None:
     """`durably.__version__` still gives the installed version, loading its reader then."""
     installed = version("durably")

@@ -228,4 +228,4 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default="saved",
         help="saved: last saved first (default); run: by run ID",
     )
-    runs_cmd.set_defaults(handler=_cmd_runs)
+    runs_cmd.set_defaults(handler=_cmd_runs, plain_output=True)  # rich only for an error
