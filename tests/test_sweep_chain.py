@@ -7,6 +7,7 @@ ways, in real processes, and compare every scenario's verdict field by field.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from dataclasses import replace
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 
 from durably import faults
-from durably.sweep import CONFIGS, Config, _chain
+from durably.stores.journal import JournalStore
+from durably.sweep import CONFIGS, Config, StoreFactory, _chain
 from durably.sweep import core as sweep_core
 from durably.sweep.tree import Tree
 from durably.triage.job import TriageJob
@@ -26,8 +28,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _groups(job: TriageJob, config: Config) -> tuple[list[sweep_core._Group], Counter[str]]:
-    labels, prints, reference = sweep_core._record_points(job, config, None)  # noqa: SLF001 -- the test is about the sweep's groups
+def _groups(
+    job: TriageJob, config: Config, store: StoreFactory | None = None
+) -> tuple[list[sweep_core._Group], Counter[str]]:
+    labels, prints, reference = sweep_core._record_points(job, config, store)  # noqa: SLF001 -- the test is about the sweep's groups
     groups = [
         sweep_core._Group(config, index, labels[index - 1], covers, 2 if config.protected else 1)  # noqa: SLF001 -- the test is about the sweep's groups
         for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's groups
@@ -37,9 +41,18 @@ def _groups(job: TriageJob, config: Config) -> tuple[list[sweep_core._Group], Co
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[5]], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    ("config", "store"),
+    [
+        (CONFIGS[0], None),
+        (CONFIGS[3], None),
+        (CONFIGS[5], None),
+        (CONFIGS[0], functools.partial(JournalStore, sync=False)),
+    ],
+    ids=["keys honoured", "lookups off", "naive retry", "keys honoured, journal store"],
+)
 def test_chained_and_separate_kills_judge_alike(
-    config: Config, monkeypatch: pytest.MonkeyPatch
+    config: Config, store: StoreFactory | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches of groups, their first and second kills chained and not: the same results.
 
@@ -47,7 +60,7 @@ def test_chained_and_separate_kills_judge_alike(
     only compare the separate way with itself.
     """
     job = TriageJob()
-    groups, reference = _groups(job, config)
+    groups, reference = _groups(job, config, store)
     chains: list[tuple[int, int]] = []
     real = _chain.chain_kills
 
@@ -58,9 +71,9 @@ def test_chained_and_separate_kills_judge_alike(
 
     monkeypatch.setattr(_chain, "chain_kills", counted)
     for batch in (groups[:4], groups[:: max(1, len(groups) // 5)]):
-        chained = sweep_core._run_batch(job, batch, reference, None)  # noqa: SLF001 -- the test is about the sweep's groups
+        chained = sweep_core._run_batch(job, batch, reference, store)  # noqa: SLF001 -- the test is about the sweep's groups
         separate = sweep_core._run_batch(  # noqa: SLF001 -- the test is about the sweep's groups
-            job, [replace(group, chain=False) for group in batch], reference, None
+            job, [replace(group, chain=False) for group in batch], reference, store
         )
         assert len(chained) == len(batch)
         assert chained == separate
