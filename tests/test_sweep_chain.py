@@ -209,3 +209,20 @@ def test_the_sweep_command_judges_alike_with_and_without_chains(tmp_path: Path) 
     assert found["chained"]["rows"] == found["separate"]["rows"]
     assert found["chained"]["scenarios"] == found["separate"]["scenarios"]
     assert found["chained"]["rows"][1]["questions"] > 0  # a row with something to hide
+
+
+def test_a_chain_leaves_the_callers_subreaper_flag_as_it_was(tmp_path: Path) -> None:
+    """A caller that is a child subreaper for its own reasons stays one; one that is not, is not."""
+
+    async def body() -> None:
+        faults.point("test.one")
+
+    prctl = _chain._prctl()  # noqa: SLF001 -- the test is about the chain's use of prctl
+    assert prctl is not None
+    try:
+        for flag in (1, 0):
+            assert prctl(36, flag, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+            _chain_in(tmp_path, body, [1])
+            assert _chain._subreaper_flag() == flag  # noqa: SLF001 -- as above
+    finally:
+        prctl(36, 0, 0, 0, 0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import threading
@@ -47,6 +48,7 @@ __all__ = ["ChainedKill", "chain_kills", "chaining_possible"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 """prctl(2) option: orphaned descendants are reparented to this process, not init."""
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class _CountingExecutor(ThreadPoolExecutor):
         return future
 
 
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -79,21 +82,30 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
+def _subreaper_flag() -> int | None:
+    """This process's child-subreaper flag, or None where prctl(2) has none."""
+    prctl = _prctl()
+    flag = ctypes.c_int()
+    if prctl is None or prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+        return None
+    return flag.value
+
+
 def chaining_possible() -> bool:
     """Whether this system lets the harness become a child subreaper (Linux does)."""
-    prctl = _prctl()
-    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) == 0
+    return _subreaper_flag() is not None
 
 
 @contextmanager
 def _subreaper() -> Iterator[None]:
-    prctl = _prctl()
-    if prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    """This process a child subreaper for the block; its flag as it was afterwards."""
+    before, prctl = _subreaper_flag(), _prctl()
+    if before is None or prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot become a child subreaper")
     try:
         yield
     finally:
-        prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        prctl(_PR_SET_CHILD_SUBREAPER, before, 0, 0, 0)
 
 
 def _died_by_sigkill(pid: int) -> bool:
