@@ -126,8 +126,8 @@ def main() -> None:
         "--chain",
         choices=("on", "off", "both"),
         default="on",
-        help="second crashes as one chain of kills (on: the default sweep), a restart each "
-        "(off), or both in turn",
+        help="kills chained (on: the default sweep), a process for every kill (off), or both "
+        "in turn",
     )
     args = parser.parse_args()
     job = TriageJob(args.task)

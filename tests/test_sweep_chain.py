@@ -226,3 +226,24 @@ def test_a_chain_leaves_the_callers_subreaper_flag_as_it_was(tmp_path: Path) -> 
             assert _chain._subreaper_flag() == flag  # noqa: SLF001 -- as above
     finally:
         prctl(36, 0, 0, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_chained_second_kill_counts_replies_paid_twice_as_a_separate_one_does() -> None:
+    """With the mutant that asks again for a saved reply, depth-2 scenarios pay twice;
+    chained and separate second kills count the same, so the chained count is not just 0.
+    """
+    from _helpers.mutants import installed
+
+    job, config = TriageJob(), CONFIGS[0]
+    with installed("saved reply dropped on resume"):
+        groups, reference = _groups(job, config)
+        batch = groups[:: max(1, len(groups) // 8)]
+        chained = sweep_core._run_batch(job, batch, reference, None)  # noqa: SLF001 -- the test is about the sweep's groups
+        separate = sweep_core._run_batch(  # noqa: SLF001 -- the test is about the sweep's groups
+            job, [replace(group, chain=False) for group in batch], reference, None
+        )
+    second = [r for results in chained for r in results if r.depth == 2]
+    assert sum(r.paid_twice for r in second) > 0
+    assert chained == separate

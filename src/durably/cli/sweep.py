@@ -292,8 +292,8 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     sweep.add_argument(
         "--no-chain",
         action="store_true",
-        help="restart afresh from the first crash's disk for each second crash, instead of "
-        "killing one restart at each in turn (slower; checks that chaining judges alike)",
+        help="start a process for every kill, instead of killing one process at each of a run's "
+        "points in turn (slower; checks that chaining judges alike)",
     )
     sweep.add_argument(
         "--jobs", type=positive_int, default=os.cpu_count() or 1, help="worker processes"

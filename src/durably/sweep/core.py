@@ -467,7 +467,8 @@ class _Group:
     depth: int
     merge: bool = True
     chain: bool = True
-    """Second crashes killed as one chain of processes (:mod:`durably.sweep._chain`)."""
+    """Kills at points of the same run (a batch's first crashes, a group's second ones)
+    made by one chain of processes (:mod:`durably.sweep._chain`)."""
 
 
 def _run_group(
@@ -542,6 +543,9 @@ def _after_first_kill(
     if left is None:
         with suppress(Uncopyable):  # if it is, each second crash starts from a fresh world
             left = Tree.read(world.root)
+    # What every restart after this first crash sees when it begins (the paid-twice
+    # count of a chained second kill starts here).
+    saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
     results = [restart_and_judge(job, world, first, reference, error)]
     done = results[0]
     specs = [
@@ -557,15 +561,10 @@ def _after_first_kill(
     if group.chain:
         seconds = [spec.second for spec in specs if spec.second is not None]
         killed = _chained_kills(job, world, seconds, lambda: disk.write(world.root), first=False)
-    if killed:
-        # What the restart that died saw when it began: the first crash's disk.
-        left.write(world.root)
-        saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
     for spec in specs:
         if spec.second in killed:
             killed[spec.second].write(world.root)
-            turns = job.call_log(world).turns(RUN_ID)
-            paid_twice = sum(1 for t in turns[asked:] if t <= saved_turns)
+            paid_twice = _paid_again(job.call_log(world), asked, saved_turns)
             results.append(
                 restart_and_judge(job, world, spec, reference, error, second_killed=paid_twice)
             )
@@ -666,7 +665,7 @@ def restart_and_judge(
         status = run_scenario_process(
             job, world, first=False, plan=plan, record=points, window_only=True
         )
-        paid_twice += sum(1 for t in log.turns(RUN_ID)[asked:] if t <= saved_turns)
+        paid_twice += _paid_again(log, asked, saved_turns)
         if points is not None and points.exists():
             restart_record = json.loads(points.read_text())
         if was_killed(status) and second is not None:
@@ -680,6 +679,11 @@ def restart_and_judge(
     return judge_scenario(
         job, world, spec, reference, finished, paid_twice, restart_record, error, state=final
     )
+
+
+def _paid_again(log: CallLog, asked: int, saved_turns: int) -> int:
+    """Replies asked for since the log held ``asked`` whose turn was already saved."""
+    return sum(1 for turn in log.turns(RUN_ID)[asked:] if turn <= saved_turns)
 
 
 def count_saved_turns(world: World) -> int:
@@ -1001,9 +1005,9 @@ def run_sweep(
         merge: run one scenario per run of points with equal fingerprints (the
             default); False kills at every labelled point, first and second,
             trusting no equivalence (several times slower).
-        chain: kill the restarts that die at a group's second crashes as one
-            chain of forked processes (the default); False starts one restart
-            from the first crash's disk for each (slower, judged alike).
+        chain: kill one chain of forked processes at a batch's first crashes,
+            and another at each group's second crashes (the default); False
+            starts a process for each kill (slower, judged alike).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
