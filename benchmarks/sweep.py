@@ -163,6 +163,12 @@ def main() -> None:
                 chain=kind[1],
             )
             wall, cpu = time.perf_counter() - started, _cpu() - cpu
+            problems = report.problems()
+            if problems:
+                # A sweep whose kills did not happen, or whose scenarios errored, is fast
+                # for the wrong reason: no figure of it counts.
+                print(report.text())
+                raise SystemExit("the sweep had problems:\n" + "\n".join(problems))
             times[kind].append(wall)
             cpu_times[kind].append(cpu)
             scenarios = len(report.results)
