@@ -24,7 +24,7 @@ from durably.state import (
     UserMessage,
     encode_state,
 )
-from durably.stores import _envelope, journal
+from durably.stores import _delta, _envelope
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 
@@ -110,8 +110,8 @@ def counted_run(
 ) -> Counts:
     """Count one growing run's saves, then check it reads back as the last state saved."""
     encoded = [0]
-    monkeypatch.setattr(journal, "_field_encoder", CountingEncoder(encoded))
-    monkeypatch.setattr(journal, "_record_encoder", CountingEncoder(encoded))
+    monkeypatch.setattr(_delta, "_field_encoder", CountingEncoder(encoded))
+    monkeypatch.setattr(_delta, "_record_encoder", CountingEncoder(encoded))
     real_init = _envelope.Sealer.__init__
 
     def counting_sealer(self: _envelope.Sealer) -> None:

@@ -50,18 +50,15 @@ from __future__ import annotations
 import os
 import struct
 import time
-import typing
 import zlib
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import Any
-
-import msgspec
 
 from .. import faults
 from .._sysio import FileSystem, logger
 from ..errors import CheckpointCorrupt
-from ..state import Message, RunState, check_ranges, utcnow
+from ..state import RunState, check_ranges, utcnow
+from ._delta import Changes, Record, apply, decode_record, encode_record
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]
@@ -78,37 +75,6 @@ _SCAN_CANDIDATES = 4096
 """At most this many candidate records are checked after a damaged one (bounds the scan)."""
 
 
-class _Record(msgspec.Struct, kw_only=True, omit_defaults=True):
-    seq: int
-    add: list[Message] = []
-    set: dict[str, msgspec.Raw] = {}
-    put: dict[str, dict[str, msgspec.Raw]] = {}
-    """Dict fields: key -> its new value (version 3 logs only)."""
-    drop: dict[str, list[str]] = {}
-    """Dict fields: keys removed (version 3 logs only)."""
-    run: str = ""
-    """Header record (seq 0) only: the run the log belongs to."""
-    gen: int = 0
-    """Header record (seq 0) only: the log's generation."""
-
-
-_record_encoder = msgspec.json.Encoder()
-_record_decoder = msgspec.json.Decoder(_Record)
-_field_encoder = msgspec.json.Encoder()
-_FIELDS = {
-    f.name: msgspec.json.Decoder(f.type)
-    for f in msgspec.structs.fields(RunState)
-    if f.name != "messages"
-}
-_VALUES = {
-    f.name: msgspec.json.Decoder(typing.get_args(f.type)[1])
-    for f in msgspec.structs.fields(RunState)
-    if typing.get_origin(f.type) is dict
-}
-"""The dict fields, changed key by key: name -> decoder of one value."""
-_PLAIN = tuple(name for name in _FIELDS if name not in _VALUES)
-"""The other fields (besides the messages): immutable values, compared by identity first."""
-_ABSENT = object()
 _KEYED_VERSION = 3
 """The envelope version from which a snapshot's log may hold ``put``/``drop`` records."""
 
@@ -130,32 +96,6 @@ def _unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
     if zlib.crc32(_LENGTH.pack(length) + payload) != crc:
         return None
     return payload, end
-
-
-def _dict_delta(
-    old: dict[str, Any], new: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]] | None:
-    """The keys of ``new`` to put and of ``old`` to drop to turn ``old`` into ``new``.
-
-    None when the whole dict is as short to write, or when replaying the delta
-    would leave the keys in another order than ``new``'s (a key removed and
-    added again moves to the end): the record then sets the whole field.
-    """
-    put = {
-        key: value
-        for key, value in new.items()
-        if (before := old.get(key, _ABSENT)) is not value and before != value
-    }
-    drop = [key for key in old if key not in new]
-    if len(put) + len(drop) >= len(new):
-        return None
-    replayed = dict(old)
-    for key in drop:
-        del replayed[key]
-    replayed.update(put)
-    if list(replayed) != list(new):
-        return None
-    return put, drop
 
 
 def _log_name(run_id: str, generation: int) -> str:
@@ -363,7 +303,7 @@ class JournalStore(FileStore):
                     raise CheckpointCorrupt(path=path, reason=damage)
                 return seq, offset  # torn tail
             payload, end = framed
-            record = _decode_record(payload, path=path, offset=offset)
+            record = decode_record(payload, path=path, where=f"byte {offset}")
             if record.seq != seq + 1:
                 raise CheckpointCorrupt(
                     path=path, reason=f"record {record.seq} at byte {offset} follows {seq}"
@@ -374,7 +314,7 @@ class JournalStore(FileStore):
                     reason=f"record {record.seq} changes fields by key, which a log of a "
                     "version 1 or 2 snapshot cannot hold",
                 )
-            _apply(state, record, path=path)
+            apply(state, record, path=path)
             seq, offset = record.seq, end
         return seq, offset
 
@@ -395,48 +335,11 @@ class JournalStore(FileStore):
                 self.fs.unlink(name, dir_fd=dir_fd)
 
 
-def _apply(state: RunState, record: _Record, *, path: str) -> None:
-    """Apply one record's change to ``state``."""
-    state.messages.extend(record.add)
-    name = ""
-    try:
-        for name, raw in record.set.items():
-            decoder = _FIELDS.get(name)
-            if decoder is None:
-                raise CheckpointCorrupt(path=path, reason=f"record {record.seq} sets {name!r}")
-            setattr(state, name, decoder.decode(raw))
-        for name, keys in record.drop.items():
-            target = _keyed_field(state, name, record.seq, path=path)
-            for key in keys:
-                if target.pop(key, _ABSENT) is _ABSENT:
-                    raise CheckpointCorrupt(
-                        path=path,
-                        reason=f"record {record.seq} drops {name}[{key!r}], which the state "
-                        "does not hold (the log does not continue this snapshot)",
-                    )
-        for name, entries in record.put.items():
-            target = _keyed_field(state, name, record.seq, path=path)
-            value = _VALUES[name]
-            for key, raw in entries.items():
-                target[key] = value.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise CheckpointCorrupt(
-            path=path, reason=f"record {record.seq}, field {name}: {exc}"
-        ) from exc
-
-
-def _keyed_field(state: RunState, name: str, seq: int, *, path: str) -> dict[str, Any]:
-    if name not in _VALUES:
-        raise CheckpointCorrupt(path=path, reason=f"record {seq} changes {name!r} by key")
-    target: dict[str, Any] = getattr(state, name)
-    return target
-
-
 def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
     """Check the log's header record names ``header``; return the offset after it."""
     framed = _unframe(data, 0)
     if framed is not None:
-        first = _decode_record(framed[0], path=path, offset=0)
+        first = decode_record(framed[0], path=path, where="byte 0")
         if first.seq == 0 and (first.run, first.gen) == header:
             return framed[1]
     found = "nothing" if not data else "no header record for it"
@@ -445,17 +348,6 @@ def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
         reason=f"it should start with the header of run {header[0]!r}, generation "
         f"{header[1]}, and holds {found} (truncated, or another log put there)",
     )
-
-
-def _decode_record(payload: bytes, *, path: str, offset: int) -> _Record:
-    try:
-        return _record_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise CheckpointCorrupt(path=path, reason=f"record at byte {offset}: {exc}") from exc
-    except RecursionError as exc:
-        raise CheckpointCorrupt(
-            path=path, reason=f"record at byte {offset}: JSON nested too deeply"
-        ) from exc
 
 
 def _damage_after(data: bytes, offset: int) -> str | None:
@@ -492,15 +384,8 @@ class JournalRun(FileRun):
         self._log_fd: int | None = None
         self._log_size = 0
         self._snapshot_size = 0
-        self._values: dict[str, object] = {}
-        """The plain fields' values at the last save (immutable: same object, same value)."""
-        self._fields: dict[str, bytes] = {}
-        """The plain fields' encodings at the last save."""
-        self._dicts: dict[str, dict[str, Any]] = {}
-        """Shallow copies of the dict fields at the last save."""
-        self._saved_messages = 0
-        self._last_message: Message | None = None
-        self._summarized = 0
+        self._changes = Changes()
+        """What the store holds: the next record is the change from it."""
         self._fresh = True
 
     def _adopt(
@@ -513,12 +398,7 @@ class JournalRun(FileRun):
 
     def _remember(self, state: RunState) -> None:
         """Take ``state`` as what the disk holds (after a load or a compaction)."""
-        self._values = {name: getattr(state, name) for name in _PLAIN}
-        self._fields = {name: _field_encoder.encode(value) for name, value in self._values.items()}
-        self._dicts = {name: dict(getattr(state, name)) for name in _VALUES}
-        self._saved_messages = len(state.messages)
-        self._last_message = state.messages[-1] if state.messages else None
-        self._summarized = state.summarized
+        self._changes.remember(state)
 
     def close_sync(self) -> None:
         """Release the lock and the log descriptor."""
@@ -531,62 +411,14 @@ class JournalRun(FileRun):
         """Append the change since the last save, or compact when that is due."""
         self._check_usable()
         state.saved_at = utcnow()
-        if self._fresh or self._rewritten(state) or self._log_due():
+        if self._fresh or self._changes.rewritten(state) or self._log_due():
             self._compact(state)
             return
-        # Only what changed is encoded: a plain field that is the same object as
-        # at the last save is unchanged (its values are immutable), and a dict
-        # field equal to its copy (compared in C, by identity first) is too.
-        values, fields, changed = {}, {}, {}
-        for name in _PLAIN:
-            value = getattr(state, name)
-            if value is self._values[name]:
-                continue
-            values[name] = value
-            fields[name] = encoded = _field_encoder.encode(value)
-            if encoded != self._fields[name]:
-                changed[name] = msgspec.Raw(encoded)
-        put: dict[str, dict[str, msgspec.Raw]] = {}
-        drop: dict[str, list[str]] = {}
-        dicts = {}
-        for name in _VALUES:
-            current: dict[str, Any] = getattr(state, name)
-            if current == self._dicts[name]:
-                continue
-            dicts[name] = dict(current)
-            delta = _dict_delta(self._dicts[name], current)
-            if delta is None:
-                changed[name] = msgspec.Raw(_field_encoder.encode(current))
-                continue
-            puts, drops = delta
-            if puts:
-                put[name] = {k: msgspec.Raw(_field_encoder.encode(v)) for k, v in puts.items()}
-            if drops:
-                drop[name] = drops
-        record = _Record(
-            seq=self._seq + 1,
-            add=state.messages[self._saved_messages :],
-            set=changed,
-            put=put,
-            drop=drop,
-        )
-        self._append(_frame(_record_encoder.encode(record)))
+        record, after = self._changes.record(state, self._seq + 1)
+        self._append(_frame(record))
         # Only now, the save durable: what the next record is the change from.
         self._seq += 1
-        self._values.update(values)
-        self._fields.update(fields)
-        self._dicts.update(dicts)
-        self._saved_messages = len(state.messages)
-        self._last_message = state.messages[-1] if state.messages else None
-
-    def _rewritten(self, state: RunState) -> bool:
-        """True when the messages saved so far are no longer a prefix of ``state.messages``."""
-        if state.summarized != self._summarized or len(state.messages) < self._saved_messages:
-            return True
-        if self._saved_messages == 0:
-            return False
-        last = state.messages[self._saved_messages - 1]
-        return last is not self._last_message and last != self._last_message
+        self._changes.saved(after)
 
     def _log_due(self) -> bool:
         store = self._journal
@@ -653,7 +485,7 @@ class JournalRun(FileRun):
         except OSError as exc:
             raise self._store._translate(exc, name, self._run_id) from exc  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
         try:
-            header = _record_encoder.encode(_Record(seq=0, run=self._run_id, gen=generation))
+            header = encode_record(Record(seq=0, run=self._run_id, gen=generation))
             self._step(lambda: fs.write(fd, _frame(header)), name)
             if store.sync:
                 self._step(lambda: fs.datasync(fd), name)
@@ -690,7 +522,7 @@ class JournalRun(FileRun):
         faults.point("store.compact.done")
         self._generation, self._seq = generation, 0
         self._log_size = _HEADER.size + len(
-            _record_encoder.encode(_Record(seq=0, run=self._run_id, gen=generation))
+            encode_record(Record(seq=0, run=self._run_id, gen=generation))
         )
         self._snapshot_size = len(data)
         self._fresh = False
