@@ -2,12 +2,15 @@
 
 For 1, 8 and 32 runs saving at once (one asyncio task per run, each owning its
 run through a lease), measures saves per second and p50 / p99 save latency of
-``PostgresRun.save``: seal the state, one ``UPDATE ... WHERE token = ... AND
-expires_at > now()`` in autocommit. Beside it, in the same process and pool
-settings, the floor: a single-row ``UPDATE floor SET state = $1 WHERE id = $2``
-commit with the same payload bytes and no serialization, on a table with the
-server's defaults. Store and floor phases alternate, twice each, so drift of the
-machine hits both. The store sends saves that arrive while two of its save
+``PostgresRun.save``, each save after the run took a step (one more message, as
+the loop saves): encode the change, one statement conditional on the token and
+the lease in autocommit (a whole snapshot when the changes outgrow the last one).
+Beside it, in the same process and pool settings, the floor: a single-row
+``UPDATE floor SET state = $1 WHERE id = $2`` commit of the runs' starting state
+(``--bytes``) with no serialization, on a table with the server's defaults:
+at least what a store writing whole states would send each save. Store and floor
+phases alternate, twice each, so drift of the machine hits both. The store sends
+saves that arrive while two of its save
 statements are in flight together, in one statement (group commit), and its
 state column is lz4-compressed (schema migration 2) where the server has lz4.
 
@@ -25,7 +28,9 @@ Then LangGraph (``--langgraph-bytes``, default 50 KB; skipped when
 time, ``PostgresRun.save`` of a state of that size against LangGraph's
 ``PostgresSaver.put`` of a checkpoint holding the same messages as LangChain
 messages (a new version of the ``messages`` channel each put, as a graph step
-makes), the two alternating one call at a time on the same server. The verdict
+makes), the two alternating one call at a time on the same server. Before each
+round every contender's conversation takes the same step (one more message), so
+each saves a state that changed, and grows as a run does. The verdict
 is the ratio of the medians (target: durably <= 0.5x). LangGraph's tables keep
 the server's default compression (pglz); an informative third contender is
 ``PostgresRun.save`` on a state column set back to pglz (in a schema of its own),
@@ -88,25 +93,26 @@ def build_state(run_id: str, approx_bytes: int) -> RunState:
         created_at=datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC),
         messages=[UserMessage(text="Find why test_checkout_flow is flaky and propose a fix")],
     )
-    turn = 0
     while len(seal(state)) < approx_bytes:
-        turn += 1
-        path = f"services/checkout/handlers_{turn}.py"
-        arguments = json.dumps({"path": path, "pattern": r"def .*\(.*timeout"})
-        state.messages.append(
-            AssistantMessage(
-                text=f"Looking at {path} for timeout handling that races the payment callback.",
-                calls=(ToolCall(id=f"toolu_{turn:04d}", name="grep", arguments=arguments),),
-                usage=Usage(input_tokens=1800 + 40 * turn, output_tokens=90),
-                turn=turn,
-            )
-        )
-        lines = "".join(
-            f"{path}:{n * 7}: async def wait(order_id, timeout={n}):\n" for n in range(4)
-        )
-        state.messages.append(ToolResult(call_id=f"toolu_{turn:04d}", name="grep", content=lines))
-        state.turns = turn
+        state.messages.append(next_message(state))
+        state.turns = len(state.messages) // 2
     return state
+
+
+def next_message(state: RunState) -> Message:
+    """The conversation's next message: a model reply calling grep, then grep's result."""
+    turn = len(state.messages) // 2 + 1
+    path = f"services/checkout/handlers_{turn}.py"
+    if len(state.messages) % 2:
+        arguments = json.dumps({"path": path, "pattern": r"def .*\(.*timeout"})
+        return AssistantMessage(
+            text=f"Looking at {path} for timeout handling that races the payment callback.",
+            calls=(ToolCall(id=f"toolu_{turn:04d}", name="grep", arguments=arguments),),
+            usage=Usage(input_tokens=1800 + 40 * turn, output_tokens=90),
+            turn=turn,
+        )
+    lines = "".join(f"{path}:{n * 7}: async def wait(order_id, timeout={n}):\n" for n in range(4))
+    return ToolResult(call_id=f"toolu_{turn - 1:04d}", name="grep", content=lines)
 
 
 def percentile(samples: list[float], q: int) -> float:
@@ -179,7 +185,9 @@ async def measure(
                 )
 
         async def store_save(index: int) -> None:
-            await handles[index].save(states[index])
+            state = states[index]
+            state.messages.append(next_message(state))  # a step of the run, as the loop saves
+            await handles[index].save(state)
 
         async def floor_save(index: int) -> None:
             async with pool.connection() as conn:
@@ -356,6 +364,10 @@ class SaverThread:
         self.checkpoint = lg["empty_checkpoint"]()
         self.step = -1
 
+    def add(self, message: Message) -> None:
+        """A graph step's new message, in the messages channel."""
+        self.messages = [*self.messages, to_langchain(self.lg, message)]
+
     def put(self) -> None:
         """Save the next step's checkpoint: a new version of the messages channel."""
         self.step += 1
@@ -377,8 +389,8 @@ class SaverThread:
 
 async def compare_langgraph(
     dsn: str, lg: dict[str, Any], size: int, puts: int
-) -> tuple[dict[str, list[float]], int]:
-    """Latencies of each contender, taking turns one call at a time.
+) -> tuple[dict[str, list[float]], tuple[int, int]]:
+    """Latencies of each contender, taking turns one call at a time; the first and last size.
 
     The contenders: durably's save, PostgresSaver.put, and (informative, where the
     server has lz4) durably's save on a pglz state column.
@@ -387,10 +399,17 @@ async def compare_langgraph(
 
     tag = time.time_ns()
     store = PostgresStore(dsn, lease=timedelta(seconds=60))
-    state = build_state(f"bench-langgraph-{tag}", size)
+    # Each round adds a message: start below ``size`` by half the growth, so the median
+    # round saves a state of about ``size``.
+    sample = build_state("sample", size)
+    per_message = len(seal(sample)) / len(sample.messages)
+    state = build_state(f"bench-langgraph-{tag}", int(size - per_message * (puts + 10) / 2))
+    first = len(seal(state))
     handle = await store.create(state)
     saves: dict[str, Callable[[], Awaitable[None]]] = {}
+    grows: dict[str, Callable[[Message], None]] = {}
     saves["durably"] = lambda: handle.save(state)
+    grows["durably"] = state.messages.append
     pglz_store: PostgresStore | None = None
     pglz_handle: PostgresRun | None = None
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -415,7 +434,9 @@ async def compare_langgraph(
         pglz_state = build_state(f"bench-langgraph-pglz-{tag}", size)
         pglz_handle = pglz = await pglz_store.create(pglz_state)
         saves["durably pglz"] = lambda: pglz.save(pglz_state)
+        grows["durably pglz"] = pglz_state.messages.append
     thread = SaverThread(lg, dsn, state)
+    grows["langgraph"] = thread.add
 
     async def put() -> None:
         thread.put()
@@ -425,7 +446,9 @@ async def compare_langgraph(
     order = list(saves)
     try:
         for n in range(puts + 10):  # the first 10 of each warm up, discarded
+            message = next_message(state)  # every contender's conversation takes a step
             for which in order[n % len(order) :] + order[: n % len(order)]:
+                grows[which](message)
                 start = time.perf_counter()
                 await saves[which]()
                 elapsed = time.perf_counter() - start
@@ -439,7 +462,7 @@ async def compare_langgraph(
             await pglz_handle.close()
         if pglz_store is not None:
             await pglz_store.close()
-    return times, len(seal(state))
+    return times, (first, len(seal(state)))
 
 
 def main() -> None:
@@ -508,8 +531,9 @@ def main() -> None:
         durably_med = statistics.median(times["durably"])
         langgraph_med = statistics.median(times["langgraph"])
         print(
-            f"one run, one save at a time, {sealed} sealed bytes ({note}; "
-            f"{len(times['durably'])} timed saves of each, taking turns):"
+            f"one run, one save at a time, a message more each round, from {sealed[0]} to "
+            f"{sealed[1]} sealed bytes ({note}; {len(times['durably'])} timed saves of each, "
+            "taking turns):"
         )
         print(f"  PostgresRun.save      median {durably_med * 1000:7.3f} ms")
         print(f"  PostgresSaver.put     median {langgraph_med * 1000:7.3f} ms")

@@ -61,10 +61,13 @@ def postgres_backend(dsn: str, *, lease: timedelta = timedelta(seconds=30)) -> B
 
     def plant(run_id: str, data: bytes) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # The bytes become the whole truth: a snapshot with no changes after it.
             done = conn.execute(
-                "UPDATE durably_runs SET state = %s WHERE run_id = %s", (data, run_id)
+                "UPDATE durably_runs SET state = %s, state_seq = 0, seq = 0 WHERE run_id = %s",
+                (data, run_id),
             )
             assert done.rowcount == 1
+            conn.execute("DELETE FROM durably_changes WHERE run_id = %s", (run_id,))
 
     def raw(run_id: str) -> bytes:
         with psycopg.connect(dsn) as conn:

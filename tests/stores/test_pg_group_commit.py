@@ -253,14 +253,15 @@ def test_a_save_given_back_by_a_failed_group_lands_before_the_runs_next_save(
     monkeypatch.setattr(postgres, "_SAVE_MANY", "SELECT no_such_function(%(run_ids)s)")
     # A lone save of the earlier states (phase tools) takes its time, so the later r5
     # (phase done) sent beside r5's lone save instead of after it would be overwritten.
-    real = postgres._SAVE  # noqa: SLF001 -- the lone save, slowed down below
-    slow = real.replace(
-        "WHERE run_id",
-        "FROM (SELECT pg_sleep(CASE WHEN %(phase)s = 'tools' THEN 0.3 ELSE 0 END)) AS pause\n"
-        "WHERE run_id",
-    )
-    assert slow != real
-    monkeypatch.setattr(postgres, "_SAVE", slow)
+    for name in ("_SAVE_CHANGE", "_SAVE_STATE"):  # a lone save, of a change or a snapshot
+        real = getattr(postgres, name)
+        slow = real.replace(
+            "WHERE run_id",
+            "FROM (SELECT pg_sleep(CASE WHEN %(phase)s = 'tools' THEN 0.3 ELSE 0 END)) AS pause\n"
+            "    WHERE run_id",
+        )
+        assert slow.count("pg_sleep") == 1
+        monkeypatch.setattr(postgres, name, slow)
 
     async def scenario() -> None:
         async with store(pg_dsn) as s:

@@ -38,14 +38,14 @@ def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
 
 
 def in_doubt(dsn: str, call_id: str) -> int:
-    """How many runs hold an attempt marker for ``call_id`` (the envelope's JSON, queried)."""
-    rows = sql(
-        dsn,
-        "SELECT count(*) FROM durably_runs "
-        "WHERE convert_from(state, 'UTF8')::jsonb -> 'state' -> 'markers' ? %s",
-        call_id,
-    )
-    return int(rows[0][0])
+    """How many runs hold an attempt marker for ``call_id`` (each run read through a store)."""
+
+    async def count() -> int:
+        async with PostgresStore(dsn) as store:
+            states = [await store.read(run_id) for run_id in await store.list_runs()]
+        return sum(call_id in state.markers for state in states)
+
+    return asyncio.run(count())
 
 
 def phases(dsn: str) -> dict[str, str]:

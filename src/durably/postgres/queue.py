@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunExists
 from ..keys import validate_run_id
 from ..state import RunState
-from .store import PostgresRun, PostgresStore
+from .store import STORED, PostgresRun, PostgresStore, Stored
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -32,7 +32,7 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id
 """
 
-RUNS_TO_CLAIM = """
+RUNS_TO_CLAIM = f"""
 WITH claimable AS (
     SELECT run_id FROM durably_runs
     WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
@@ -46,8 +46,8 @@ UPDATE durably_runs AS r
 SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
 FROM claimable
 WHERE r.run_id = claimable.run_id
-RETURNING r.run_id, r.agent, r.task, r.token, r.state
-"""
+RETURNING r.run_id, r.agent, r.task, r.token, {STORED}
+"""  # noqa: S608 -- built from constants only
 """Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
 person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any
 number of workers claim at once without waiting on each other's rows."""
@@ -67,14 +67,14 @@ class Claim:
     """The registered name of the agent that runs it."""
     task: str
     handle: PostgresRun
-    data: bytes | None = field(repr=False)
-    """The stored envelope; None for a queued run that no worker has started."""
+    stored: Stored | None = field(repr=False)
+    """What the row holds of the state; None for a queued run that no worker has started."""
 
     def load(self) -> RunState | None:
         """The run's state (None when queued); ``CheckpointCorrupt`` if it cannot be read."""
-        if self.data is None:
+        if self.stored is None:
             return None
-        return self.handle.store.decode(self.run_id, self.data)
+        return self.handle.store.decode(self.run_id, self.stored)
 
 
 async def enqueue(store: PostgresStore, *, run_id: str, agent: str, task: str) -> None:
@@ -127,10 +127,10 @@ async def claim(store: PostgresStore, *, agents: Sequence[str], limit: int) -> l
             run_id=run_id,
             agent=agent,
             task=task,
-            handle=store.adopt(run_id, int(token), sent=sent),
-            data=None if data is None else bytes(data),
+            handle=store.adopt(run_id, int(token), sent=sent, seq=int(stored[2])),
+            stored=None if stored[0] is None else Stored.from_row(stored),
         )
-        for run_id, agent, task, token, data in rows
+        for run_id, agent, task, token, *stored in rows
     ]
 
 

@@ -81,6 +81,27 @@ MIGRATIONS: tuple[Migration, ...] = (
         # compressed value names its own method).
         sql=COMPRESS_STATE.format(method="lz4"),
     ),
+    Migration(
+        version=3,
+        description="saves as changes since the last snapshot",
+        # A row's state is the snapshot of save state_seq; the changes of saves
+        # state_seq+1 ... seq are rows of durably_changes. Rows saved before keep
+        # their state as the whole truth (both numbers 0, no changes). A durably
+        # that knows only version 2 refuses the database (it would read snapshots
+        # without their changes).
+        sql="""
+        ALTER TABLE durably_runs
+            ADD COLUMN seq bigint NOT NULL DEFAULT 0,
+            ADD COLUMN state_seq bigint NOT NULL DEFAULT 0,
+            ADD CONSTRAINT durably_runs_seq CHECK (0 <= state_seq AND state_seq <= seq);
+        CREATE TABLE durably_changes (
+            run_id text NOT NULL,
+            seq    bigint NOT NULL CHECK (seq > 0),
+            change bytea NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        );
+        """,
+    ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
 

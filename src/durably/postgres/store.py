@@ -37,7 +37,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -52,8 +52,9 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..keys import validate_run_id
-from ..state import RunState, utcnow
-from ..stores._envelope import Sealer, open_envelope, seal
+from ..state import RunState, check_ranges, utcnow
+from ..stores._delta import Changes, apply, decode_record
+from ..stores._envelope import Sealer, open_sealed, seal
 from .schema import MIGRATIONS, migrate
 
 if TYPE_CHECKING:
@@ -63,10 +64,12 @@ if TYPE_CHECKING:
     Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
 
 __all__ = [
+    "STORED",
     "Lease",
     "PostgresRun",
     "PostgresStore",
     "StoreStats",
+    "Stored",
     "current_lease",
 ]
 
@@ -83,35 +86,91 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING token
 """
 
-_ACQUIRE = """
-UPDATE durably_runs
+STORED = """r.state, r.state_seq, r.seq, ARRAY(
+    SELECT c.change FROM durably_changes AS c
+    WHERE c.run_id = r.run_id AND c.seq > r.state_seq ORDER BY c.seq)"""
+"""What a row holds of its run's state (:class:`Stored`): the snapshot, its save number,
+the last save's number, and the changes since the snapshot, in order; read in one
+statement, so from one snapshot of the database."""
+
+_ACQUIRE = f"""
+UPDATE durably_runs AS r
 SET owner = %(owner)s, token = token + 1, expires_at = now() + %(lease)s
 WHERE run_id = %(run_id)s AND state IS NOT NULL
   AND (expires_at IS NULL OR expires_at <= now())
-RETURNING token, state
-"""
+RETURNING r.token, {STORED}
+"""  # noqa: S608 -- built from constants only
 
 _WHY_NOT = """
 SELECT state IS NULL, owner, expires_at, expires_at > now() FROM durably_runs
 WHERE run_id = %(run_id)s
 """
 
-_SAVE = """
-UPDATE durably_runs
-SET state = %(state)s, phase = %(phase)s, saved_at = now(), parked = NULL
-WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+_SAVE_CHANGE = """
+WITH saved AS (
+    UPDATE durably_runs
+    SET phase = %(phase)s, saved_at = now(), parked = NULL, seq = %(seq)s
+    WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+      AND seq IN (%(seq)s - 1, %(seq)s)
+    RETURNING run_id
+), added AS (
+    INSERT INTO durably_changes (run_id, seq, change)
+    SELECT run_id, %(seq)s, %(change)s FROM saved
+    ON CONFLICT (run_id, seq) DO NOTHING
+)
+SELECT run_id FROM saved
 """
+"""One run's save as its change: the row's ``seq`` moves on and the change is a new row of
+``durably_changes``, in one statement and one commit, conditional on the token and the
+lease; the big snapshot is not written again. The row's ``seq`` must be the save
+before this one, or this one: a save sent again after its first try landed unseen
+(a broken connection) finds its change there and adds nothing."""
+
+_SAVE_STATE = """
+WITH saved AS (
+    UPDATE durably_runs
+    SET state = %(state)s, state_seq = %(seq)s, seq = %(seq)s, phase = %(phase)s,
+        saved_at = now(), parked = NULL
+    WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+      AND seq IN (%(seq)s - 1, %(seq)s)
+    RETURNING run_id
+), dropped AS (
+    DELETE FROM durably_changes AS c USING saved WHERE c.run_id = saved.run_id
+)
+SELECT run_id FROM saved
+"""
+"""One run's save as a new snapshot: the whole state, and the run's changes deleted, in
+one statement conditional on the token, the lease and the save number as
+:data:`_SAVE_CHANGE` is. Sent again after it landed unseen, it writes the same snapshot."""
 
 _SAVE_MANY = """
-UPDATE durably_runs AS r
-SET state = v.state, phase = v.phase, saved_at = now(), parked = NULL
-FROM unnest(%(run_ids)b::text[], %(tokens)b::bigint[], %(states)b::bytea[], %(phases)b::text[])
-    AS v(run_id, token, state, phase)
-WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
-RETURNING r.run_id
+WITH v AS (
+    SELECT * FROM unnest(%(run_ids)b::text[], %(tokens)b::bigint[], %(seqs)b::bigint[],
+                         %(phases)b::text[], %(states)b::bytea[], %(changes)b::bytea[])
+        AS v(run_id, token, seq, phase, state, change)
+), saved AS (
+    UPDATE durably_runs AS r
+    SET phase = v.phase, saved_at = now(), parked = NULL, seq = v.seq,
+        state = CASE WHEN v.state IS NULL THEN r.state ELSE v.state END,
+        state_seq = CASE WHEN v.state IS NULL THEN r.state_seq ELSE v.seq END
+    FROM v
+    WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
+      AND r.seq IN (v.seq - 1, v.seq)
+    RETURNING r.run_id, v.seq, v.state IS NOT NULL AS whole, v.change
+), dropped AS (
+    DELETE FROM durably_changes AS c USING saved
+    WHERE saved.whole AND c.run_id = saved.run_id
+), added AS (
+    INSERT INTO durably_changes (run_id, seq, change)
+    SELECT run_id, seq, change FROM saved WHERE NOT saved.whole
+    ON CONFLICT (run_id, seq) DO NOTHING
+)
+SELECT run_id FROM saved
 """
 """The saves of several runs in one statement and one commit, each row conditional on its
-own token and lease exactly as :data:`_SAVE` is; ``RETURNING`` names the rows that landed."""
+own token, lease and save number exactly as a lone save's is; the result names the rows
+that landed. A save with a ``state`` is a snapshot, as :data:`_SAVE_STATE` writes one;
+the others are changes, as :data:`_SAVE_CHANGE` writes one."""
 
 _SAVES_IN_FLIGHT = 2
 """Save statements one store has in flight at once; saves arriving while that many are
@@ -120,6 +179,10 @@ statement on the wire while the other commits. Caps of 2, 4 and 8 were measured
 (``benchmarks/postgres.py``'s phases, three rounds, design.md): at 32 runs the rate
 over the raw UPDATE's was 1.9-2.3x, 1.8-2.0x and 1.4-1.5x, at 8 runs 0.90-0.94x,
 0.89-0.91x and 0.82-1.11x; bigger groups cost less client and server CPU per save."""
+
+_SNAPSHOT_MIN_BYTES = 64 << 10
+"""A save writes the whole state, and deletes the run's changes, once the changes since
+the last snapshot hold more bytes than it and than this; otherwise it writes its change."""
 
 _OWN_POOL_SIZE = 10
 """Connections in the pool a store opens for itself (one passed in has its own size)."""
@@ -135,7 +198,7 @@ UPDATE durably_runs SET expires_at = NULL
 WHERE run_id = %(run_id)s AND token = %(token)s
 """
 
-_READ = "SELECT state FROM durably_runs WHERE run_id = %(run_id)s"
+_READ = f"SELECT {STORED} FROM durably_runs AS r WHERE r.run_id = %(run_id)s"  # noqa: S608 -- built from this module's constants only
 _LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
 
 
@@ -164,6 +227,26 @@ def current_lease() -> Lease | None:
     return _current_lease.get()
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a row holds of its run's state: a snapshot, and the changes saved since it."""
+
+    state: bytes
+    """The snapshot, in the checksummed envelope."""
+    state_seq: int
+    """The number of the save that wrote the snapshot."""
+    seq: int
+    """The number of the last save."""
+    changes: tuple[bytes, ...]
+    """The change records of saves ``state_seq + 1`` to ``seq``, in order."""
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Stored:
+        """From the columns :data:`STORED` selects."""
+        state, state_seq, seq, changes = row
+        return cls(bytes(state), int(state_seq), int(seq), tuple(bytes(c) for c in changes))
+
+
 @dataclass
 class StoreStats:
     """Counters of one store, for workers' reports and tests."""
@@ -181,6 +264,8 @@ class StoreStats:
     """Statements tried again after a connection error."""
     grouped: int = 0
     """Saves sent in one statement with other runs' saves (group commit), landed or fenced."""
+    snapshots: int = 0
+    """Saves the database accepted that wrote the whole state (the others wrote a change)."""
 
 
 def _default_owner() -> str:
@@ -290,7 +375,8 @@ class PostgresStore:
         if token is None:
             raise RunExists(run_id=run_id)
         self.stats.acquisitions += 1
-        handle = PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
+        handle = PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds(), seq=0)
+        handle._loaded(state, Stored(data, 0, 0, ()))  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
         handle.activate()
         return handle
 
@@ -332,14 +418,17 @@ class PostgresStore:
 
         while (row := await self._run(acquire, what=f"opening run {run_id!r}")) is None:
             sent = time.monotonic()
-        token, data = int(row[0]), bytes(row[1])
+        token, stored = int(row[0]), Stored.from_row(row[1:])
         self.stats.acquisitions += 1
-        handle = PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
+        handle = PostgresRun(
+            self, run_id, token, deadline=sent + self.lease.total_seconds(), seq=stored.seq
+        )
         try:
-            state = self._decode(run_id, data)
+            state = self._decode(run_id, stored)
         except BaseException:
             await handle.close()
             raise
+        handle._loaded(state, stored)  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
         handle.activate()
         return handle, state
 
@@ -358,7 +447,7 @@ class PostgresStore:
                 run_id=run_id,
                 where=f"{self._where} (it is queued: submitted, not yet started by a worker)",
             )
-        return self._decode(run_id, bytes(row[0]))
+        return self._decode(run_id, Stored.from_row(row))
 
     async def list_runs(self) -> list[str]:
         """The IDs of every started run, sorted (queued runs have no state yet)."""
@@ -397,21 +486,25 @@ class PostgresStore:
         """
         return await self._run(operation, what=what, run_id=run_id, writes=writes)
 
-    def decode(self, run_id: str, data: bytes) -> RunState:
-        """The state in a row's ``state`` bytes; ``CheckpointCorrupt`` naming the row if invalid."""
-        return self._decode(run_id, data)
+    def decode(self, run_id: str, stored: Stored) -> RunState:
+        """The state a row holds; ``CheckpointCorrupt`` naming the row if it is not valid."""
+        return self._decode(run_id, stored)
 
-    def adopt(self, run_id: str, token: int, *, sent: float) -> PostgresRun:
+    def adopt(self, run_id: str, token: int, *, sent: float, seq: int) -> PostgresRun:
         """A handle for a lease a statement of the caller's took (a worker's claim).
+
+        The handle's first save writes the whole state (it has not seen what the row
+        holds), and changes after that.
 
         Args:
             run_id: the run whose lease was taken.
             token: the fencing token the statement set.
             sent: ``time.monotonic()`` when the statement was sent: the lease surely
                 ends one lease after it.
+            seq: the row's ``seq`` as the statement returned it.
         """
         self.stats.acquisitions += 1
-        return PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds())
+        return PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds(), seq=seq)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -443,13 +536,40 @@ class PostgresStore:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _decode(self, run_id: str, data: bytes) -> RunState:
+    def _decode(self, run_id: str, stored: Stored) -> RunState:
         path = self.describe(run_id)
-        state = open_envelope(data, path=path)
+        opened = open_sealed(stored.state, path=path)
+        state = opened.state
         if state.run_id != run_id:
             raise CheckpointCorrupt(
                 path=path, reason=f"it holds run {state.run_id!r}, not {run_id!r}"
             )
+        if opened.journal != stored.state_seq:
+            raise CheckpointCorrupt(
+                path=path,
+                reason=f"its state is the snapshot of save {opened.journal} and the row says "
+                f"{stored.state_seq} (the state column was replaced or altered)",
+            )
+        seq = stored.state_seq
+        for change in stored.changes:
+            where = f"durably_changes[{run_id!r}, {seq + 1}]"
+            record = decode_record(change, path=path, where=where)
+            if (record.seq, record.run, record.gen) != (seq + 1, run_id, 0):
+                raise CheckpointCorrupt(
+                    path=path,
+                    reason=f"{where} holds the change of save {record.seq} of run "
+                    f"{record.run!r} (the rows were altered or moved)",
+                )
+            apply(state, record, path=path)
+            seq = record.seq
+        if seq != stored.seq:
+            raise CheckpointCorrupt(
+                path=path,
+                reason=f"saves up to {stored.seq} were made and its changes end at save "
+                f"{seq}: rows of durably_changes were deleted",
+            )
+        if stored.changes:
+            check_ranges(state, path=path)
         return state
 
     async def _connect(self) -> Pool:
@@ -483,7 +603,7 @@ class PostgresStore:
             return self._pool
 
     async def _save(self, params: dict[str, Any], deadline: float) -> bool:
-        """Send one run's save (``_SAVE``'s parameters): True if it landed, False if fenced.
+        """Send one run's save (see :meth:`PostgresRun.save`): True if it landed, False if fenced.
 
         Group commit: a save goes at once while fewer than ``_SAVES_IN_FLIGHT``
         save statements are in flight; otherwise it waits, and the saves waiting
@@ -495,7 +615,8 @@ class PostgresStore:
         land again writes the same state.
 
         Args:
-            params: the run's ``run_id``, ``token``, sealed ``state`` and ``phase``.
+            params: the run's ``run_id``, ``token``, ``seq``, ``phase``, and either its
+                sealed ``state`` (a snapshot) or its ``change`` record (the other None).
             deadline: ``time.monotonic()`` after which the lease may have run out.
         """
         run_id = params["run_id"]
@@ -517,13 +638,8 @@ class PostgresStore:
         self._saving += 1
         self._sending.add(run_id)
         try:
-
-            async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
-                cursor = await conn.execute(_SAVE, params)
-                return cursor.rowcount
-
-            rows = await self._run(update, what="saving", run_id=run_id, until=deadline)
-            return rows == 1
+            runs = await self._run(_saving([params]), what="saving", run_id=run_id, until=deadline)
+            return run_id in runs
         finally:
             self._saving -= 1
             self._sending.discard(run_id)
@@ -566,26 +682,9 @@ class PostgresStore:
         """One try of one statement for the group; each waiting save learns its own row's fate."""
         landed: set[str] | None = None
         try:
-            if len(group) == 1:
-                params = group[0].params
-
-                async def update(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
-                    cursor = await conn.execute(_SAVE, params)
-                    return {params["run_id"]} if cursor.rowcount == 1 else set()
-
-            else:
-                columns = {
-                    "run_ids": [p.params["run_id"] for p in group],
-                    "tokens": [p.params["token"] for p in group],
-                    "states": [p.params["state"] for p in group],
-                    "phases": [p.params["phase"] for p in group],
-                }
-
-                async def update(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
-                    cursor = await conn.execute(_SAVE_MANY, columns)
-                    return {str(row[0]) for row in await cursor.fetchall()}
-
-            landed = await self._attempt(update, min(p.deadline for p in group))
+            landed = await self._attempt(
+                _saving([p.params for p in group]), min(p.deadline for p in group)
+            )
             if len(group) > 1:
                 self.stats.grouped += len(group)
         except Exception as exc:
@@ -731,6 +830,39 @@ def _handed_back(pending: _Pending) -> bool:
     return outcome.done() and not outcome.cancelled() and outcome.result() is None
 
 
+def _saving(
+    saves: list[dict[str, Any]],
+) -> Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[set[str]]]:
+    """The statement that sends ``saves`` (of distinct runs): it returns the runs that landed.
+
+    One save goes as :data:`_SAVE_CHANGE` or :data:`_SAVE_STATE`; several as
+    :data:`_SAVE_MANY`.
+    """
+    if len(saves) == 1:
+        params = saves[0]
+        statement = _SAVE_STATE if params["change"] is None else _SAVE_CHANGE
+
+        async def one(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+            cursor = await conn.execute(statement, params)
+            return {str(row[0]) for row in await cursor.fetchall()}
+
+        return one
+    columns = {
+        "run_ids": [p["run_id"] for p in saves],
+        "tokens": [p["token"] for p in saves],
+        "seqs": [p["seq"] for p in saves],
+        "phases": [p["phase"] for p in saves],
+        "states": [p["state"] for p in saves],
+        "changes": [p["change"] for p in saves],
+    }
+
+    async def many(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+        cursor = await conn.execute(_SAVE_MANY, columns)
+        return {str(row[0]) for row in await cursor.fetchall()}
+
+    return many
+
+
 async def _fetchone(
     conn: AsyncConnection[tuple[Any, ...]], sql: str, params: dict[str, Any]
 ) -> tuple[Any, ...] | None:
@@ -741,7 +873,9 @@ async def _fetchone(
 class PostgresRun:
     """Ownership of one run in a :class:`PostgresStore`: its lease, renewed until closed."""
 
-    def __init__(self, store: PostgresStore, run_id: str, token: int, *, deadline: float) -> None:
+    def __init__(
+        self, store: PostgresStore, run_id: str, token: int, *, deadline: float, seq: int
+    ) -> None:
         self._store = store
         self._run_id = run_id
         self._token = token
@@ -752,7 +886,15 @@ class PostgresRun:
         self._closed = False
         self.lease = Lease(run_id=run_id, token=token, owner=store.owner)
         self._sealer = Sealer()
-        """Keeps the last save's encoded messages: a save encodes only the new ones."""
+        """Keeps the last snapshot's encoded messages: the next encodes only the new ones."""
+        self._seq = seq
+        """The number of the last save the row holds."""
+        self._changes: Changes | None = None
+        """What the row holds, to make the next save's change; None: unknown, so the
+        next save writes the whole state."""
+        self._snapshot_bytes = 0
+        self._change_bytes = 0
+        """The changes' bytes since the snapshot: a snapshot is due when they outgrow it."""
         self._renewal = asyncio.create_task(self._renew_forever(), name=f"durably-renew-{run_id}")
 
     @property
@@ -782,6 +924,10 @@ class PostgresRun:
     async def save(self, state: RunState) -> None:
         """Make ``state`` the run's state, in one statement conditional on this lease.
 
+        The statement writes the change since the last save (:data:`_SAVE_CHANGE`),
+        or the whole state when the history was rewritten, when the changes since
+        the last snapshot have outgrown it, or at a claimed handle's first save.
+
         Raises:
             LeaseLost: another process took the run over, or the lease lapsed;
                 nothing was written.
@@ -799,11 +945,25 @@ class PostgresRun:
             store.stats.stale_saves += 1
             raise LeaseLost(run_id=self._run_id, token=self._token)
         state.saved_at = utcnow()
+        seq = self._seq + 1
+        changes = self._changes
+        data = change = after = None
+        if (
+            changes is None
+            or changes.rewritten(state)
+            or self._change_bytes > max(_SNAPSHOT_MIN_BYTES, self._snapshot_bytes)
+        ):
+            # The snapshot names its save number inside its checksum.
+            data = self._sealer.seal(state, journal=seq)
+        else:
+            change, after = changes.record(state, seq, run=self._run_id)
         params = {
             "run_id": self._run_id,
             "token": self._token,
-            "state": self._sealer.seal(state),
+            "seq": seq,
             "phase": str(state.phase),
+            "state": data,
+            "change": change,
         }
         try:
             landed = await store._save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
@@ -815,6 +975,21 @@ class PostgresRun:
             store.stats.stale_saves += 1
             raise LeaseLost(run_id=self._run_id, token=self._token)
         store.stats.saves += 1
+        self._seq = seq
+        if data is not None:
+            store.stats.snapshots += 1
+            self._loaded(state, Stored(data, seq, seq, ()))
+        elif changes is not None and change is not None and after is not None:
+            changes.saved(after)
+            self._change_bytes += len(change)
+
+    def _loaded(self, state: RunState, stored: Stored) -> None:
+        """Take ``state`` as what the row holds, as ``stored`` holds it."""
+        if self._changes is None:
+            self._changes = Changes()
+        self._changes.remember(state)
+        self._snapshot_bytes = len(stored.state)
+        self._change_bytes = sum(map(len, stored.changes))
 
     async def close(self, *, release: bool = True) -> None:
         """Stop renewing and free the lease (if it is still this handle's).

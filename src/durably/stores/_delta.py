@@ -40,7 +40,7 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     drop: dict[str, list[str]] = {}
     """Dict fields: keys removed."""
     run: str = ""
-    """The journal's header record (seq 0) only: the run the log belongs to."""
+    """The run the record belongs to: in the journal, its header record (seq 0) only."""
     gen: int = 0
     """The journal's header record (seq 0) only: the log's generation."""
 
@@ -187,8 +187,11 @@ class Changes:
         last = state.messages[self._saved_messages - 1]
         return last is not self._last_message and last != self._last_message
 
-    def record(self, state: RunState, seq: int) -> tuple[bytes, Pending]:
+    def record(self, state: RunState, seq: int, *, run: str = "") -> tuple[bytes, Pending]:
         """The encoded record of ``state``'s change, numbered ``seq``; and what it saves.
+
+        ``run``, if given, names the run in the record (rows of a table, unlike
+        the records of one run's log file, could be moved between runs).
 
         Only what changed is encoded: a plain field that is the same object as at
         the last save is unchanged (its values are immutable), and a dict field
@@ -227,6 +230,7 @@ class Changes:
             set=changed,
             put=put,
             drop=drop,
+            run=run,
         )
         after = Pending(
             values=values,

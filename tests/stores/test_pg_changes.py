@@ -1,0 +1,319 @@
+"""The Postgres store saves changes: a snapshot now and then, and each save's change as a row."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+
+import durably
+from _helpers.samples import state_a
+from durably.postgres import PostgresStore, claim, enqueue
+from durably.postgres import store as postgres
+from durably.state import AssistantMessage, RunState, ToolResult, UserMessage
+
+pytestmark = pytest.mark.postgres
+
+T = TypeVar("T")
+
+
+def run(dsn: str, scenario: Callable[[PostgresStore], Awaitable[T]]) -> T:
+    """Run ``scenario(store)`` on a fresh store in a new event loop."""
+
+    async def main() -> T:
+        async with PostgresStore(dsn, lease=timedelta(seconds=60)) as store:
+            return await scenario(store)
+
+    return asyncio.run(main())
+
+
+def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
+    """Run ``query`` on its own connection; the rows, if it returns any."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(query.encode(), params or None)
+        return cursor.fetchall() if cursor.description else []
+
+
+def step(state: RunState, n: int, *, size: int = 40) -> None:
+    """One turn of a run: a reply, a tool's result, and the fields a turn changes."""
+    state.messages.append(AssistantMessage(text=f"turn {n}", turn=n))
+    state.messages.append(ToolResult(call_id=f"c{n}", name="grep", content="x" * size))
+    state.turns = n
+    state.workspace[f"file_{n}.py"] = f"{n:064x}"
+    state.workspace.pop(f"file_{n - 1}.py", None)
+
+
+def rows(dsn: str, run_id: str = "r1") -> tuple[tuple[int, int], list[int]]:
+    """The run's (state_seq, seq), and the save numbers of its changes."""
+    numbers = sql(dsn, "SELECT state_seq, seq FROM durably_runs WHERE run_id = %s", run_id)
+    changes = sql(dsn, "SELECT seq FROM durably_changes WHERE run_id = %s ORDER BY seq", run_id)
+    return numbers[0], [seq for (seq,) in changes]
+
+
+def test_a_save_writes_its_change_and_leaves_the_snapshot(pg_dsn: str) -> None:
+    """Each save adds one small row; the state column keeps the first snapshot's bytes; every
+    save reads back whole, through ``read`` and through ``open``.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        first = sql(pg_dsn, "SELECT state FROM durably_runs")
+        for n in range(1, 6):
+            step(state, n, size=2000)
+            await handle.save(state)
+            assert await store.read("r1") == state
+        assert store.stats.snapshots == 0
+        assert sql(pg_dsn, "SELECT state FROM durably_runs") == first
+        await handle.close()
+        again, loaded = await store.open("r1")
+        assert loaded == state
+        step(state, 6)
+        await again.save(state)  # an opened handle goes on with changes
+        assert store.stats.snapshots == 0
+        await again.close()
+
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn) == ((0, 6), [1, 2, 3, 4, 5, 6])
+    sizes = sql(pg_dsn, "SELECT max(length(change)) FROM durably_changes")[0][0]
+    assert sizes < 2600, "a change holds the turn, not the state"
+
+
+def test_a_rewritten_history_saves_a_snapshot_and_drops_the_changes(pg_dsn: str) -> None:
+    """A summary (messages no longer continuing the saved ones) is a new snapshot: the run's
+    changes are deleted in the same statement, and the next save is a change again.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        for n in range(1, 4):
+            step(state, n)
+            await handle.save(state)
+        state.messages = [UserMessage(text="summary of turns 1-3")]
+        state.summarized += 1
+        await handle.save(state)
+        assert store.stats.snapshots == 1
+        assert rows(pg_dsn) == ((4, 4), [])
+        assert await store.read("r1") == state
+        step(state, 4)
+        await handle.save(state)
+        assert await store.read("r1") == state
+        await handle.close()
+
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn) == ((4, 5), [5])
+
+
+def test_changes_that_outgrow_the_snapshot_are_folded_into_a_new_one(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the changes since the snapshot hold more bytes than it, the next save writes a
+    snapshot, so a read never replays more than about a snapshot's worth of changes.
+    """
+    monkeypatch.setattr(postgres, "_SNAPSHOT_MIN_BYTES", 0)
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        for n in range(1, 30):
+            step(state, n, size=300)
+            await handle.save(state)
+            assert await store.read("r1") == state
+            (state_seq, seq), changes = rows(pg_dsn)
+            assert changes == list(range(state_seq + 1, seq + 1))
+            snapshot = sql(pg_dsn, "SELECT length(state) FROM durably_runs")[0][0]
+            held = sql(pg_dsn, "SELECT coalesce(sum(length(change)), 0) FROM durably_changes")
+            assert held[0][0] <= snapshot + 2 * 400  # at most one change past the snapshot's size
+        assert store.stats.snapshots >= 3
+        await handle.close()
+
+    run(pg_dsn, scenario)
+
+
+def test_a_claimed_run_saves_a_snapshot_first_then_changes(pg_dsn: str) -> None:
+    """A worker's handle has not seen the row: its first save is a snapshot, then changes; the
+    next claim loads the snapshot and the changes.
+    """
+    state = state_a("q1")
+
+    async def scenario(store: PostgresStore) -> None:
+        await enqueue(store, run_id="q1", agent="ledger", task=state.task)
+        (first,) = await claim(store, agents=["ledger"], limit=1)
+        assert first.load() is None
+        await first.handle.save(state)
+        assert store.stats.snapshots == 1
+        for n in range(1, 3):
+            step(state, n)
+            await first.handle.save(state)
+        assert store.stats.snapshots == 1
+        await first.handle.close()
+        (second,) = await claim(store, agents=["ledger"], limit=1)
+        assert second.load() == state
+        step(state, 3)
+        await second.handle.save(state)
+        assert store.stats.snapshots == 2
+        assert await store.read("q1") == state
+        await second.handle.close()
+
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn, "q1") == ((4, 4), [])
+
+
+def test_a_change_sent_again_after_it_landed_adds_nothing(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save's statement sent a second time (as a retry does when the first reply was lost)
+    lands again without a second row, and the run reads as saved once.
+    """
+    sent: list[list[dict[str, Any]]] = []
+    real = postgres._saving  # noqa: SLF001 -- the statement builder, watched
+
+    def watched(
+        saves: list[dict[str, Any]],
+    ) -> Callable[[psycopg.AsyncConnection[tuple[Any, ...]]], Awaitable[set[str]]]:
+        sent.append(saves)
+        return real(saves)
+
+    monkeypatch.setattr(postgres, "_saving", watched)
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        step(state, 1)
+        await handle.save(state)
+        (last,) = sent[-1]
+        assert last["change"] is not None
+        assert await store.execute(real([last]), what="saving again") == {"r1"}
+        assert await store.read("r1") == state
+        step(state, 2)
+        await handle.save(state)
+        assert await store.read("r1") == state
+        await handle.close()
+
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn) == ((0, 2), [1, 2])
+
+
+def saved_with_changes(dsn: str) -> RunState:
+    """Run r1 saved as a snapshot and three changes, closed; its state."""
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        for n in range(1, 4):
+            step(state, n)
+            await handle.save(state)
+        await handle.close()
+
+    run(dsn, scenario)
+    assert rows(dsn) == ((0, 3), [1, 2, 3])
+    return state
+
+
+def refused(dsn: str, match: str) -> None:
+    """Opening and reading r1 are CheckpointCorrupt matching ``match``; the rows stay as found."""
+    changes = "SELECT seq, change FROM durably_changes WHERE run_id = 'r1' ORDER BY seq"
+    runs = "SELECT state, state_seq, seq FROM durably_runs WHERE run_id = 'r1'"
+    before = sql(dsn, changes), sql(dsn, runs)
+
+    async def scenario(store: PostgresStore) -> None:
+        with pytest.raises(durably.CheckpointCorrupt, match=match) as opened:
+            await store.open("r1")
+        assert "durably_runs['r1']" in str(opened.value)
+        with pytest.raises(durably.CheckpointCorrupt, match=match):
+            await store.read("r1")
+
+    run(dsn, scenario)
+    assert (sql(dsn, changes), sql(dsn, runs)) == before
+
+
+@pytest.mark.parametrize("lost", [1, 2, 3])
+def test_a_deleted_change_is_corrupt_never_skipped(pg_dsn: str, lost: int) -> None:
+    """A missing change, first, middle or last, refuses the run instead of loading less."""
+    saved_with_changes(pg_dsn)
+    sql(pg_dsn, "DELETE FROM durably_changes WHERE seq = %s", lost)
+    refused(pg_dsn, "holds the change of save" if lost < 3 else "rows of durably_changes")
+
+
+def test_a_change_moved_from_another_run_is_corrupt(pg_dsn: str) -> None:
+    """A change row of another run put in this run's place is refused: records name their run."""
+    saved_with_changes(pg_dsn)
+    other = state_a("r2")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(other)
+        for n in range(1, 4):
+            step(other, n)
+            await handle.save(other)
+        await handle.close()
+
+    run(pg_dsn, scenario)
+    sql(
+        pg_dsn,
+        "UPDATE durably_changes AS c SET change = o.change FROM durably_changes AS o "
+        "WHERE c.run_id = 'r1' AND o.run_id = 'r2' AND c.seq = 2 AND o.seq = 2",
+    )
+    refused(pg_dsn, "of run 'r2'")
+
+
+def test_a_damaged_change_is_corrupt(pg_dsn: str) -> None:
+    """A change row that is not a record is refused, naming the row."""
+    saved_with_changes(pg_dsn)
+    sql(pg_dsn, "UPDATE durably_changes SET change = 'not json' WHERE seq = 2")
+    refused(pg_dsn, r"durably_changes\['r1', 2\]")
+
+
+def test_an_older_snapshot_put_back_under_newer_changes_is_corrupt(pg_dsn: str) -> None:
+    """The snapshot names its save number in its checksum: a state column replaced by another
+    snapshot (an older backup of the row) is refused, not continued with changes it never had.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        step(state, 1)
+        await handle.save(state)
+        state.messages = [UserMessage(text="summary")]
+        state.summarized += 1
+        await handle.save(state)  # snapshot of save 2
+        step(state, 3)
+        await handle.save(state)  # snapshot of save 3 (the history was rewritten)
+        step(state, 4)
+        await handle.save(state)
+        await handle.close()
+
+    async def keep(store: PostgresStore) -> None:
+        await (await store.create(state_a("r1"))).close()
+
+    run(pg_dsn, keep)
+    older = sql(pg_dsn, "SELECT state FROM durably_runs")
+    sql(pg_dsn, "DELETE FROM durably_runs")
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn) == ((2, 4), [3, 4])
+    sql(pg_dsn, "UPDATE durably_runs SET state = %s", older[0][0])
+    refused(pg_dsn, "snapshot of save 0 and the row says")
+
+
+def test_a_save_number_moved_behind_the_handles_back_refuses_its_save(pg_dsn: str) -> None:
+    """The save goes only onto the row the handle last wrote: a row whose ``seq`` moved (an
+    edit by hand, a restored backup) refuses the save, and nothing is written.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        step(state, 1)
+        await handle.save(state)
+        sql(pg_dsn, "UPDATE durably_runs SET seq = 7")
+        step(state, 2)
+        with pytest.raises(durably.LeaseLost):
+            await handle.save(state)
+        await handle.close()
+
+    run(pg_dsn, scenario)
+    assert rows(pg_dsn) == ((0, 7), [1])
