@@ -247,13 +247,16 @@ def _workspace_unsynced() -> list[tuple[Any, str, Any]]:
 def _postgres_save_unfenced() -> list[tuple[Any, str, Any]]:
     from durably.postgres import store as postgres
 
-    unfenced = postgres._SAVE.replace("AND token = %(token)s ", "")
-    if unfenced == postgres._SAVE:
-        raise RuntimeError("the save's UPDATE has no token condition to remove")
+    unfenced = {}
+    for name in ("_SAVE_CHANGE", "_SAVE_STATE"):  # a lone save: a change, or a snapshot
+        statement = getattr(postgres, name)
+        unfenced[name] = statement.replace("AND token = %(token)s ", "")
+        if unfenced[name] == statement:
+            raise RuntimeError(f"the save's UPDATE ({name}) has no token condition to remove")
     real = postgres.PostgresRun.save
 
     async def save(self: Any, state: Any) -> None:
-        with mock.patch.object(postgres, "_SAVE", unfenced):
+        with mock.patch.multiple(postgres, **unfenced):
             await real(self, state)
 
     return [(postgres.PostgresRun, "save", save)]

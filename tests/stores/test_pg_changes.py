@@ -7,11 +7,13 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import msgspec
 import psycopg
 import pytest
 
 import durably
 from _helpers.samples import state_a
+from durably.cli import main
 from durably.postgres import PostgresStore, claim, enqueue
 from durably.postgres import store as postgres
 from durably.state import AssistantMessage, RunState, ToolResult, UserMessage
@@ -317,3 +319,22 @@ def test_a_save_number_moved_behind_the_handles_back_refuses_its_save(pg_dsn: st
 
     run(pg_dsn, scenario)
     assert rows(pg_dsn) == ((0, 7), [1])
+
+
+def test_durably_show_reads_a_postgres_run_with_its_changes(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``durably show RUN --dsn`` prints the state a run's snapshot and changes make, the run
+    named by the start of its ID as for a directory.
+    """
+    state = saved_with_changes(pg_dsn)
+    printed = []
+    for args in (["r", "--json"], ["r1"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["show", *args, "--dsn", pg_dsn])
+        assert exited.value.code == 0
+        printed.append(capsys.readouterr().out)
+    assert msgspec.json.decode(printed[0], type=RunState) == state
+    assert [line.split() for line in printed[1].splitlines() if line.startswith("turns")] == [
+        ["turns", "3"]
+    ]

@@ -23,7 +23,15 @@ PHASES = ("model", "tools", "paused", "done")
 """The values of ``durably.state.Phase``, written out so that building the parser
 (``durably --help``) does not import the state's codec; a test keeps them equal."""
 
-__all__ = ["PHASES", "add_runs_command", "add_show_command", "run_by_prefix", "runs_table", "show"]
+__all__ = [
+    "PHASES",
+    "add_runs_command",
+    "add_show_command",
+    "pick_run",
+    "run_by_prefix",
+    "runs_table",
+    "show",
+]
 
 
 def show(state: RunState, console: Console) -> None:
@@ -144,7 +152,11 @@ def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
     Returns the run ID, or every run ID ``given`` starts when there is more than
     one. A prefix of none is returned as given, so reading it fails naming it.
     """
-    runs = store.list_runs_sync()
+    return pick_run(store.list_runs_sync(), given)
+
+
+def pick_run(runs: list[str], given: str) -> str | list[str]:
+    """:func:`run_by_prefix` over the run IDs ``runs``."""
     if given in runs:
         return given
     matches = [run for run in runs if run.startswith(given)]
@@ -154,18 +166,25 @@ def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from ..stores.journal import JournalStore
+    if args.dsn:
+        import asyncio
 
-    store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
-    run = run_by_prefix(store, args.run)
-    if isinstance(run, list):
+        found = asyncio.run(_read_postgres(args.dsn, args.run))
+    else:
+        from ..stores.journal import JournalStore
+
+        store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
+        run = run_by_prefix(store, args.run)
+        found = run if isinstance(run, list) else store.read_sync(run)
+    if isinstance(found, list):
         errors.print(
-            f"error: {args.run!r} starts {len(run)} run IDs: {', '.join(run)}; give more of the ID",
+            f"error: {args.run!r} starts {len(found)} run IDs: {', '.join(found)}; "
+            "give more of the ID",
             soft_wrap=True,
             highlight=False,
         )
         return EXIT["usage"]
-    state = store.read_sync(run)
+    state = found
     if args.json:
         import msgspec
 
@@ -175,6 +194,15 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
     else:
         show(state, console)
     return EXIT["done"]
+
+
+async def _read_postgres(dsn: str, given: str) -> RunState | list[str]:
+    """The run ``given`` names in the Postgres store at ``dsn``, or the IDs it starts."""
+    from ..postgres.store import PostgresStore
+
+    async with PostgresStore(dsn) as store:
+        run = pick_run(await store.list_runs(), given)
+        return run if isinstance(run, list) else await store.read(run)
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -203,6 +231,9 @@ def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "run", type=run_id_arg, help="run ID, or its start if no other run ID starts so"
     )
     state_option(show_cmd)
+    show_cmd.add_argument(
+        "--dsn", help="read the run from this PostgreSQL store instead of --state"
+    )
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
 
