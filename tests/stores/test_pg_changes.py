@@ -338,3 +338,29 @@ def test_durably_show_reads_a_postgres_run_with_its_changes(
     assert [line.split() for line in printed[1].splitlines() if line.startswith("turns")] == [
         ["turns", "3"]
     ]
+
+
+def test_a_group_statement_carries_changes_and_snapshots_together(pg_dsn: str) -> None:
+    """Saves that wait for a place in flight go in one statement, changes and snapshots mixed:
+    each run's rows end as its lone save's would.
+    """
+    names = ["r1", "r2", "r3", "r4", "r5"]
+    states = {run_id: state_a(run_id) for run_id in names}
+
+    async def scenario(store: PostgresStore) -> None:
+        handles = [await store.create(states[run_id]) for run_id in names]
+        for state in states.values():
+            step(state, 1)
+        for run_id in ("r4", "r5"):  # the last two in the group: new snapshots
+            states[run_id].messages = [UserMessage(text="summary")]
+            states[run_id].summarized += 1
+        await asyncio.gather(*(h.save(states[h.run_id]) for h in handles))
+        assert store.stats.grouped == 3, "r3, r4 and r5 were meant to share one statement"
+        assert store.stats.snapshots == 2
+        for run_id in names:
+            assert await store.read(run_id) == states[run_id]
+        for handle in handles:
+            await handle.close()
+
+    run(pg_dsn, scenario)
+    assert [rows(pg_dsn, run_id) for run_id in names] == [((0, 1), [1])] * 3 + [((1, 1), [])] * 2
