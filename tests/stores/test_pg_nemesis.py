@@ -55,7 +55,7 @@ BEGIN
         (run_id, old_token, new_token, saved, lease_was_live, taken_after_expiry)
     VALUES (
         NEW.run_id, OLD.token, NEW.token,
-        NEW.state IS DISTINCT FROM OLD.state,
+        NEW.seq IS DISTINCT FROM OLD.seq OR NEW.state IS DISTINCT FROM OLD.state,
         coalesce(OLD.expires_at > now(), false),
         NEW.token > OLD.token AND OLD.expires_at IS NOT NULL
     );
