@@ -22,6 +22,7 @@ from .schema import Migration as Migration
 from .store import Lease as Lease
 from .store import PostgresRun as PostgresRun
 from .store import PostgresStore as PostgresStore
+from .store import Stored as Stored
 from .store import StoreStats as StoreStats
 from .store import current_lease as current_lease
 from .worker import AgentFactory as AgentFactory
@@ -48,6 +49,7 @@ __all__ = [
     "Registration",
     "Registry",
     "StoreStats",
+    "Stored",
     "WorkReport",
     "claim",
     "current_lease",
