@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import psycopg
 import pytest
+from _pg_sql import run, sql
 
 import durably
 from _helpers.samples import state_a
@@ -19,25 +19,6 @@ from durably.postgres import store as postgres
 from durably.state import AssistantMessage, RunState, ToolResult, UserMessage
 
 pytestmark = pytest.mark.postgres
-
-T = TypeVar("T")
-
-
-def run(dsn: str, scenario: Callable[[PostgresStore], Awaitable[T]]) -> T:
-    """Run ``scenario(store)`` on a fresh store in a new event loop."""
-
-    async def main() -> T:
-        async with PostgresStore(dsn, lease=timedelta(seconds=60)) as store:
-            return await scenario(store)
-
-    return asyncio.run(main())
-
-
-def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
-    """Run ``query`` on its own connection; the rows, if it returns any."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cursor = conn.execute(query.encode(), params or None)
-        return cursor.fetchall() if cursor.description else []
 
 
 def step(state: RunState, n: int, *, size: int = 40) -> None:
@@ -201,9 +182,9 @@ def test_a_change_sent_again_after_it_landed_adds_nothing(
     assert rows(pg_dsn) == ((0, 2), [1, 2])
 
 
-def saved_with_changes(dsn: str) -> RunState:
-    """Run r1 saved as a snapshot and three changes, closed; its state."""
-    state = state_a("r1")
+def saved_with_changes(dsn: str, run_id: str = "r1") -> RunState:
+    """The run saved as a snapshot and three changes, closed; its state."""
+    state = state_a(run_id)
 
     async def scenario(store: PostgresStore) -> None:
         handle = await store.create(state)
@@ -213,7 +194,7 @@ def saved_with_changes(dsn: str) -> RunState:
         await handle.close()
 
     run(dsn, scenario)
-    assert rows(dsn) == ((0, 3), [1, 2, 3])
+    assert rows(dsn, run_id) == ((0, 3), [1, 2, 3])
     return state
 
 
@@ -245,16 +226,7 @@ def test_a_deleted_change_is_corrupt_never_skipped(pg_dsn: str, lost: int) -> No
 def test_a_change_moved_from_another_run_is_corrupt(pg_dsn: str) -> None:
     """A change row of another run put in this run's place is refused: records name their run."""
     saved_with_changes(pg_dsn)
-    other = state_a("r2")
-
-    async def scenario(store: PostgresStore) -> None:
-        handle = await store.create(other)
-        for n in range(1, 4):
-            step(other, n)
-            await handle.save(other)
-        await handle.close()
-
-    run(pg_dsn, scenario)
+    saved_with_changes(pg_dsn, "r2")
     sql(
         pg_dsn,
         "UPDATE durably_changes AS c SET change = o.change FROM durably_changes AS o "

@@ -6,12 +6,10 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
 
-import psycopg
 import pytest
+from _pg_sql import run, sql
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
@@ -19,27 +17,6 @@ from durably.postgres import MIGRATIONS, PostgresStore, current_lease, submit
 from durably.postgres import store as postgres
 
 pytestmark = pytest.mark.postgres
-
-T = TypeVar("T")
-
-
-def run(dsn: str, scenario: Callable[..., Awaitable[T]], *, lease: float = 30, **kw: Any) -> T:
-    """Run ``scenario(store)`` on a fresh store in a new event loop."""
-
-    async def main() -> T:
-        async with PostgresStore(
-            dsn, lease=timedelta(seconds=lease), renew_every=timedelta(seconds=lease / 4), **kw
-        ) as store:
-            return await scenario(store)
-
-    return asyncio.run(main())
-
-
-def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
-    """Run ``query`` on its own connection; the rows, if it returns any."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cursor = conn.execute(query.encode(), params or None)
-        return cursor.fetchall() if cursor.description else []
 
 
 def test_importing_durably_does_not_import_psycopg() -> None:
