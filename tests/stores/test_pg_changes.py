@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import msgspec
@@ -336,3 +337,45 @@ def test_a_group_statement_carries_changes_and_snapshots_together(pg_dsn: str) -
 
     run(pg_dsn, scenario)
     assert [rows(pg_dsn, run_id) for run_id in names] == [((0, 1), [1])] * 3 + [((1, 1), [])] * 2
+
+
+def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that began while its lease was live lands even if the lease runs out meanwhile;
+    a takeover that waited for it on the row lock loads it, change and all (no false
+    CheckpointCorrupt from reading the row after the save and its changes from before).
+    """
+    # The save holds the row's lock for a while after its UPDATE, before it commits.
+    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
+        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
+    )
+    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
+    state = state_a("r1")
+
+    async def scenario() -> RunState:
+        async with (
+            PostgresStore(pg_dsn, lease=timedelta(seconds=1)) as old,
+            PostgresStore(pg_dsn, lease=timedelta(seconds=30)) as new,
+        ):
+            handle = await old.create(state)
+            handle._renewal.cancel()  # noqa: SLF001 -- the owner stalls: its lease will run out
+            step(state, 1)
+            await handle.save(state)
+            step(state, 2)
+            monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
+            real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
+
+            def paused(saves: list[dict[str, Any]]) -> Any:
+                return real([{**saves[0], "pause": 1.2}])
+
+            monkeypatch.setattr(postgres, "_saving", paused)
+            saving = asyncio.create_task(handle.save(state))  # lease live: it begins
+            await asyncio.sleep(1.1)  # the lease has run out; the save still holds the row
+            taking, loaded = await new.open("r1")  # waits for the save's commit
+            await saving
+            await taking.close()
+            return loaded
+
+    assert asyncio.run(scenario()) == state
+    assert rows(pg_dsn) == ((0, 2), [1, 2])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunExists
 from ..keys import validate_run_id
 from ..state import RunState
-from .store import STORED, PostgresRun, PostgresStore, Stored
+from .store import PostgresRun, PostgresStore, Stored
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -32,7 +32,7 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id
 """
 
-RUNS_TO_CLAIM = f"""
+RUNS_TO_CLAIM = """
 WITH claimable AS (
     SELECT run_id FROM durably_runs
     WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
@@ -46,8 +46,8 @@ UPDATE durably_runs AS r
 SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
 FROM claimable
 WHERE r.run_id = claimable.run_id
-RETURNING r.run_id, r.agent, r.task, r.token, {STORED}
-"""  # noqa: S608 -- built from constants only
+RETURNING r.run_id, r.agent, r.task, r.token, r.state IS NULL
+"""
 """Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
 person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any
 number of workers claim at once without waiting on each other's rows."""
@@ -122,15 +122,25 @@ async def claim(store: PostgresStore, *, agents: Sequence[str], limit: int) -> l
         return await cursor.fetchall()
 
     rows = await store.execute(update, what="claiming runs")
+    started = [row[0] for row in rows if not row[4]]
+    try:
+        # Read once the leases are ours: no earlier owner's save can land after it.
+        stored = await store.stored(started) if started else {}
+    except BaseException:
+        for run_id, _, _, token, _ in rows:  # hand the leases back
+            await store.adopt(run_id, int(token), sent=sent).close()
+        raise
     return [
         Claim(
             run_id=run_id,
             agent=agent,
             task=task,
-            handle=store.adopt(run_id, int(token), sent=sent, seq=int(stored[2])),
-            stored=None if stored[0] is None else Stored.from_row(stored),
+            handle=store.adopt(
+                run_id, int(token), sent=sent, seq=stored[run_id].seq if run_id in stored else 0
+            ),
+            stored=stored.get(run_id),
         )
-        for run_id, agent, task, token, *stored in rows
+        for run_id, agent, task, token, _ in rows
     ]
 
 

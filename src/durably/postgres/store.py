@@ -90,16 +90,21 @@ STORED = """r.state, r.state_seq, r.seq, ARRAY(
     SELECT c.change FROM durably_changes AS c
     WHERE c.run_id = r.run_id AND c.seq > r.state_seq ORDER BY c.seq)"""
 """What a row holds of its run's state (:class:`Stored`): the snapshot, its save number,
-the last save's number, and the changes since the snapshot, in order; read in one
-statement, so from one snapshot of the database."""
+the last save's number, and the changes since the snapshot, in order. Only ever in a
+``SELECT``, which reads the row and the changes from one snapshot of the database;
+never in the ``RETURNING`` of an ``UPDATE``, which may wait for a save in flight and
+then return that save's row with the changes of the older snapshot it began with."""
 
-_ACQUIRE = f"""
-UPDATE durably_runs AS r
+_ACQUIRE = """
+UPDATE durably_runs
 SET owner = %(owner)s, token = token + 1, expires_at = now() + %(lease)s
 WHERE run_id = %(run_id)s AND state IS NOT NULL
   AND (expires_at IS NULL OR expires_at <= now())
-RETURNING r.token, {STORED}
-"""  # noqa: S608 -- built from constants only
+RETURNING token
+"""
+"""Take a run's lease; its state is read after, by :data:`_READ`: once the token has
+moved, no save of an earlier owner can land, and a statement begun after the
+acquisition's commit sees every save that did."""
 
 _WHY_NOT = """
 SELECT state IS NULL, owner, expires_at, expires_at > now() FROM durably_runs
@@ -198,7 +203,7 @@ UPDATE durably_runs SET expires_at = NULL
 WHERE run_id = %(run_id)s AND token = %(token)s
 """
 
-_READ = f"SELECT {STORED} FROM durably_runs AS r WHERE r.run_id = %(run_id)s"  # noqa: S608 -- built from this module's constants only
+_READ = f"SELECT r.run_id, {STORED} FROM durably_runs AS r WHERE r.run_id = ANY(%(run_ids)s)"  # noqa: S608 -- built from this module's constants only
 _LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
 
 
@@ -418,12 +423,10 @@ class PostgresStore:
 
         while (row := await self._run(acquire, what=f"opening run {run_id!r}")) is None:
             sent = time.monotonic()
-        token, stored = int(row[0]), Stored.from_row(row[1:])
         self.stats.acquisitions += 1
-        handle = PostgresRun(
-            self, run_id, token, deadline=sent + self.lease.total_seconds(), seq=stored.seq
-        )
+        handle = PostgresRun(self, run_id, int(row[0]), deadline=sent + self.lease.total_seconds())
         try:
+            stored = (await self.stored([run_id]))[run_id]
             state = self._decode(run_id, stored)
         except BaseException:
             await handle.close()
@@ -437,17 +440,17 @@ class PostgresStore:
         validate_run_id(run_id)
 
         async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return await _fetchone(conn, _READ, {"run_id": run_id})
+            return await _fetchone(conn, _READ, {"run_ids": [run_id]})
 
         row = await self._run(select, what=f"reading run {run_id!r}", writes=False)
         if row is None:
             raise RunNotFound(run_id=run_id, where=self._where)
-        if row[0] is None:
+        if row[1] is None:
             raise RunNotFound(
                 run_id=run_id,
                 where=f"{self._where} (it is queued: submitted, not yet started by a worker)",
             )
-        return self._decode(run_id, Stored.from_row(row))
+        return self._decode(run_id, Stored.from_row(row[1:]))
 
     async def list_runs(self) -> list[str]:
         """The IDs of every started run, sorted (queued runs have no state yet)."""
@@ -486,11 +489,26 @@ class PostgresStore:
         """
         return await self._run(operation, what=what, run_id=run_id, writes=writes)
 
+    async def stored(self, run_ids: Sequence[str]) -> dict[str, Stored]:
+        """What the rows of ``run_ids`` hold of their states, read in one statement.
+
+        Runs that do not exist or are queued (no state yet) are left out. For a
+        caller that took the runs' leases (a worker's claim): read after that, the
+        rows hold every save an earlier owner made.
+        """
+
+        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> dict[str, Stored]:
+            cursor = await conn.execute(_READ, {"run_ids": list(run_ids)})
+            rows = await cursor.fetchall()
+            return {str(row[0]): Stored.from_row(row[1:]) for row in rows if row[1] is not None}
+
+        return await self._run(select, what="reading runs", writes=False)
+
     def decode(self, run_id: str, stored: Stored) -> RunState:
         """The state a row holds; ``CheckpointCorrupt`` naming the row if it is not valid."""
         return self._decode(run_id, stored)
 
-    def adopt(self, run_id: str, token: int, *, sent: float, seq: int) -> PostgresRun:
+    def adopt(self, run_id: str, token: int, *, sent: float, seq: int = 0) -> PostgresRun:
         """A handle for a lease a statement of the caller's took (a worker's claim).
 
         The handle's first save writes the whole state (it has not seen what the row
@@ -501,7 +519,8 @@ class PostgresStore:
             token: the fencing token the statement set.
             sent: ``time.monotonic()`` when the statement was sent: the lease surely
                 ends one lease after it.
-            seq: the row's ``seq`` as the statement returned it.
+            seq: the row's ``seq``, as read after the lease was taken (0 for a
+                queued run).
         """
         self.stats.acquisitions += 1
         return PostgresRun(self, run_id, token, deadline=sent + self.lease.total_seconds(), seq=seq)
@@ -874,7 +893,7 @@ class PostgresRun:
     """Ownership of one run in a :class:`PostgresStore`: its lease, renewed until closed."""
 
     def __init__(
-        self, store: PostgresStore, run_id: str, token: int, *, deadline: float, seq: int
+        self, store: PostgresStore, run_id: str, token: int, *, deadline: float, seq: int = 0
     ) -> None:
         self._store = store
         self._run_id = run_id
@@ -985,6 +1004,7 @@ class PostgresRun:
 
     def _loaded(self, state: RunState, stored: Stored) -> None:
         """Take ``state`` as what the row holds, as ``stored`` holds it."""
+        self._seq = stored.seq
         if self._changes is None:
             self._changes = Changes()
         self._changes.remember(state)
