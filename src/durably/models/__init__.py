@@ -312,6 +312,16 @@ def _model_name(model: Model) -> str:
     return name if isinstance(name, str) else type(model).__name__
 
 
+class _Asked(msgspec.Struct):
+    """One line of a :class:`CallLog`."""
+
+    run_id: str
+    turn: int
+
+
+_ASKED_LINES = msgspec.json.Decoder(_Asked)
+
+
 class CallLog:
     """An append-only log of model calls, one JSON line per call, shared by processes.
 
@@ -330,10 +340,13 @@ class CallLog:
 
     def turns(self, run_id: str | None = None) -> list[int]:
         """Every turn asked for, in order (of one run, or of all)."""
-        if not self.path.exists():
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
             return []
-        entries = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return [e["turn"] for e in entries if run_id is None or e["run_id"] == run_id]
+        # One decode for all lines: the crash sweep reads the log several times a scenario.
+        entries = _ASKED_LINES.decode_lines(data)
+        return [e.turn for e in entries if run_id is None or e.run_id == run_id]
 
     def paid_twice(self, run_id: str | None = None) -> int:
         """How many calls asked again for a turn already asked for."""
