@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 import pytest
+from _pg_sql import sql
 
+import durably
 from _helpers.samples import state_a, state_b, without_saved_at
 from durably.postgres import MIGRATIONS, PostgresStore, schema
 from durably.state import RunState, ToolResult
 
 pytestmark = pytest.mark.postgres
-
-
-def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
-    """Run ``query`` on its own connection; the rows, if it returns any."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cursor = conn.execute(query.encode(), params or None)
-        return cursor.fetchall() if cursor.description else []
 
 
 def big_state(run_id: str, line: str) -> RunState:
@@ -123,3 +117,50 @@ def test_a_compression_method_the_server_lacks_leaves_the_column_as_it_was(pg_ds
         conn.execute(schema.COMPRESS_STATE.format(method="zstd").encode())
         conn.execute(b"SELECT 1")  # the transaction is still usable
     assert column_compression(pg_dsn) == "p"
+
+
+def test_runs_saved_before_changes_existed_load_and_go_on_with_changes(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs saved under schema 2 (the whole state in the row) read and open as they were once
+    schema 3 is applied, and their next saves are changes on top of the old row; a durably
+    that knows only schema 2 then refuses the database rather than read states without
+    their changes.
+    """
+    old = state_b("old1")
+    with monkeypatch.context() as patch:
+        patch.setattr(schema, "MIGRATIONS", MIGRATIONS[:2])
+
+        async def make() -> None:
+            async with store(pg_dsn) as s:
+                await (await s.create(old)).close()
+
+        asyncio.run(make())
+    assert sql(pg_dsn, "SELECT max(version) FROM durably_schema") == [(2,)]
+    row = sql(pg_dsn, "SELECT state FROM durably_runs")
+    later = state_b("old1")
+    later.turns = 2
+    later.workspace["notes.md"] = "0" * 64
+
+    async def upgrade() -> None:
+        async with store(pg_dsn) as s:
+            assert without_saved_at(await s.read("old1")) == without_saved_at(old)
+            handle, loaded = await s.open("old1")
+            assert without_saved_at(loaded) == without_saved_at(old)
+            await handle.save(later)
+            assert s.stats.snapshots == 0, "the old row is the snapshot the change goes on"
+            assert await s.read("old1") == later
+            await handle.close()
+
+    asyncio.run(upgrade())
+    assert sql(pg_dsn, "SELECT state, state_seq, seq FROM durably_runs") == [(row[0][0], 0, 1)]
+    assert sql(pg_dsn, "SELECT run_id, seq FROM durably_changes") == [("old1", 1)]
+    with monkeypatch.context() as patch:
+        patch.setattr(schema, "MIGRATIONS", MIGRATIONS[:2])
+
+        async def read_with_schema_2() -> None:
+            async with store(pg_dsn) as s:
+                await s.read("old1")
+
+        with pytest.raises(durably.CheckpointTooNew):
+            asyncio.run(read_with_schema_2())
