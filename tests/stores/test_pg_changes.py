@@ -14,6 +14,7 @@ from _pg_sql import run, sql
 
 import durably
 from _helpers.samples import state_a
+from durably._exit import EXIT
 from durably.cli import main
 from durably.postgres import PostgresStore, claim, enqueue
 from durably.postgres import store as postgres
@@ -379,3 +380,23 @@ def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
 
     assert asyncio.run(scenario()) == state
     assert rows(pg_dsn) == ((0, 2), [1, 2])
+
+
+def test_durably_runs_lists_a_postgres_store(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``durably runs --dsn`` shows each run as its snapshot and changes make it; a run that
+    cannot be read is named on stderr, shown as unreadable, and the command fails.
+    """
+    saved_with_changes(pg_dsn, "r1")
+    saved_with_changes(pg_dsn, "r2")
+    saved_with_changes(pg_dsn, "r3")
+    sql(pg_dsn, "UPDATE durably_changes SET change = 'not json' WHERE run_id = 'r3' AND seq = 2")
+    with pytest.raises(SystemExit) as exited:
+        main(["runs", "--dsn", pg_dsn, "--sort", "run"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == EXIT["failed"]
+    table = [line.split("│")[1:-1] for line in out.splitlines() if line.startswith("│")]
+    cells = [[cell.strip() for cell in row][:3] for row in table]
+    assert cells == [["r1", "model", "3"], ["r2", "model", "3"], ["r3", "unreadable", "-"]]
+    assert "durably_changes['r3', 2]" in err

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     # `durably --help` (and every other command) does not pay for them.
     from rich.console import Console
 
+    from ..listing import Listing
     from ..state import RunState
     from ..stores.file import FileStore
 
@@ -131,19 +132,61 @@ def runs_table(
     changed since the last listing are loaded. Unreadable runs are named on
     ``errors`` and shown last (unless ``phase`` picks one phase), whatever the limit.
     """
-    from ..listing import list_directory, render, select
+    from ..listing import list_directory
 
     listed = list_directory(store)
+    title = f"runs in {store.directory}"
+    return _print_listing(listed, console, errors, title=title, phase=phase, limit=limit, sort=sort)
+
+
+def _print_listing(
+    listed: Listing,
+    console: Console,
+    errors: Console,
+    *,
+    title: str,
+    phase: str | None,
+    limit: int | None,
+    sort: str,
+) -> int:
+    from ..listing import render, select
+
     for _, exc in listed.unreadable:
         print_error(errors, exc)
     shown = select(listed.summaries, phase=phase, sort=sort, limit=limit)
     broken = [run for run, _ in listed.unreadable] if phase is None else []
     # Written as text: rich takes seconds to lay out thousands of rows (listing.render).
-    console.file.write(
-        render(shown, broken, title=f"runs in {store.directory}", color=console.is_terminal)
-    )
+    console.file.write(render(shown, broken, title=title, color=console.is_terminal))
     console.file.flush()
     return len(listed.unreadable)
+
+
+_POSTGRES_BATCH = 200
+"""Runs read per statement when listing a Postgres store: bounded memory, few round trips."""
+
+
+async def _list_postgres(dsn: str) -> tuple[Listing, str]:
+    """Every started run of the Postgres store at ``dsn`` (each read whole), and where it is."""
+    from ..errors import DurablyError
+    from ..listing import Listing, summarize
+    from ..postgres.store import PostgresStore
+
+    listed = Listing()
+    async with PostgresStore(dsn) as store:
+        runs = await store.list_runs()
+        for start in range(0, len(runs), _POSTGRES_BATCH):
+            batch = runs[start : start + _POSTGRES_BATCH]
+            stored = await store.stored(batch)
+            for run_id in batch:
+                if run_id not in stored:
+                    continue  # deleted since it was listed
+                try:
+                    listed.summaries.append(summarize(store.decode(run_id, stored[run_id])))
+                except DurablyError as exc:
+                    listed.unreadable.append((run_id, exc))
+                listed.loaded += 1
+        where = store.describe("").split(" ", 1)[0]
+    return listed, where
 
 
 def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
@@ -206,6 +249,20 @@ async def _read_postgres(dsn: str, given: str) -> RunState | list[str]:
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    if args.dsn:
+        import asyncio
+
+        listed, where = asyncio.run(_list_postgres(args.dsn))
+        unreadable = _print_listing(
+            listed,
+            console,
+            errors,
+            title=f"runs in {where}",
+            phase=args.phase,
+            limit=args.limit,
+            sort=args.sort,
+        )
+        return EXIT["failed"] if unreadable else EXIT["done"]
     # A directory given by itself is the one a FileStore/JournalStore was given.
     directory = Path(args.store) if args.store else runs_dir(args.state)
     if not directory.is_dir():
@@ -245,6 +302,9 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
     )
     state_option(runs_cmd)
+    runs_cmd.add_argument(
+        "--dsn", help="list the runs of this PostgreSQL store (each read whole) instead"
+    )
     runs_cmd.add_argument(
         "--phase",
         choices=PHASES,
