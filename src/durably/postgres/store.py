@@ -426,7 +426,9 @@ class PostgresStore:
         self.stats.acquisitions += 1
         handle = PostgresRun(self, run_id, int(row[0]), deadline=sent + self.lease.total_seconds())
         try:
-            stored = (await self.stored([run_id]))[run_id]
+            stored = (await self.stored([run_id])).get(run_id)
+            if stored is None:  # the row went (deleted by hand) between the two statements
+                raise RunNotFound(run_id=run_id, where=self._where)
             state = self._decode(run_id, stored)
         except BaseException:
             await handle.close()
