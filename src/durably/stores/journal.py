@@ -80,8 +80,9 @@ _KEYED_VERSION = 3
 
 
 def _frame(payload: bytes) -> bytes:
-    length = _LENGTH.pack(len(payload))
-    return _HEADER.pack(_MAGIC, len(payload), zlib.crc32(length + payload)) + payload
+    # The CRC runs over length then payload without joining them (no copy of the payload).
+    crc = zlib.crc32(payload, zlib.crc32(_LENGTH.pack(len(payload))))
+    return _HEADER.pack(_MAGIC, len(payload), crc) + payload
 
 
 def _unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
@@ -93,7 +94,7 @@ def _unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
     if magic != _MAGIC or end > len(data):
         return None
     payload = data[offset + _HEADER.size : end]
-    if zlib.crc32(_LENGTH.pack(length) + payload) != crc:
+    if zlib.crc32(payload, zlib.crc32(_LENGTH.pack(length))) != crc:
         return None
     return payload, end
 
