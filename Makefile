@@ -28,8 +28,8 @@ demo: system-demo $(BIN)/durably
 	$(BIN)/durably triage --task m1-done-after-delete --state .durably-demo --approve off --model replay
 
 test: system-test $(BIN)/durably
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest

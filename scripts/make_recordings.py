@@ -15,7 +15,13 @@ import random
 import string
 from pathlib import Path
 
-from durably.models.replay import RecordedCall, RecordedPrice, RecordedTurn, Recording, save_recording
+from durably.models.replay import (
+    RecordedCall,
+    RecordedPrice,
+    RecordedTurn,
+    Recording,
+    save_recording,
+)
 from durably.state import Usage
 from durably.triage.world import TASKS, load_task
 
@@ -27,15 +33,20 @@ _B62 = string.ascii_letters + string.digits
 
 
 class Script:
+    """One task's recording, turn by turn, with IDs and usage drawn from a seeded generator."""
+
     def __init__(self, task: str) -> None:
-        self.rng = random.Random(task)
+        # Seeded by the task's name: the same recording every time (not for secrets).
+        self.rng = random.Random(task)  # noqa: S311 -- reproducible, not cryptographic
         self.turns: list[RecordedTurn] = []
         self.context = 1900
 
     def call_id(self) -> str:
+        """A provider-style tool call ID."""
         return "toolu_01" + "".join(self.rng.choice(_B62) for _ in range(22))
 
     def turn(self, text: str | None, *calls: tuple[str, dict[str, object]]) -> None:
+        """Record one reply: its text, its calls, and usage that grows with the context."""
         recorded = tuple(
             RecordedCall(id=self.call_id(), name=name, arguments=json.dumps(args))
             for name, args in calls
@@ -47,6 +58,7 @@ class Script:
 
 
 def build(name: str) -> Recording:
+    """The recording of task ``name``, from its ground truth."""
     task = load_task(name)
     s = Script(name)
     groups = task.groups
@@ -81,7 +93,10 @@ def build(name: str) -> Recording:
         )
         title = g.cause.replace("-", " ").capitalize() + " crashes"
         filings.append(
-            ("file_issue", {"title": title, "body": body, "cause": g.cause, "reports": list(g.reports)})
+            (
+                "file_issue",
+                {"title": title, "body": body, "cause": g.cause, "reports": list(g.reports)},
+            )
         )
     s.turn(
         f"Nothing is filed yet. The reports fall into {len(groups)} root cause"
@@ -108,7 +123,10 @@ def build(name: str) -> Recording:
         s.turn(
             f"The tracker refused: the cause is already filed as #1. I'll add {late} to "
             "that issue instead of filing a duplicate.",
-            ("comment_issue", {"number": 1, "body": f"Also seen in {late} (time without seconds)."}),
+            (
+                "comment_issue",
+                {"number": 1, "body": f"Also seen in {late} (time without seconds)."},
+            ),
         )
     s.turn(
         "Now a regression test per cause that reproduces the crash.",
@@ -117,7 +135,9 @@ def build(name: str) -> Recording:
             for g in groups
         ],
     )
-    s.turn("Running the suite to confirm the new tests fail on the current code.", ("run_tests", {}))
+    s.turn(
+        "Running the suite to confirm the new tests fail on the current code.", ("run_tests", {})
+    )
     s.turn(
         "The new tests fail as expected. Applying the smallest fix for each cause.",
         *[
@@ -151,6 +171,7 @@ def build(name: str) -> Recording:
 
 
 def main() -> None:
+    """Write every task's recording."""
     OUT.mkdir(exist_ok=True)
     for name in TASKS:
         save_recording(build(name), OUT / f"{name}.json")
