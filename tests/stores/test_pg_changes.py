@@ -400,3 +400,12 @@ def test_durably_runs_lists_a_postgres_store(
     cells = [[cell.strip() for cell in row][:3] for row in table]
     assert cells == [["r1", "model", "3"], ["r2", "model", "3"], ["r3", "unreadable", "-"]]
     assert "durably_changes['r3', 2]" in err
+
+
+def test_changes_past_the_rows_last_save_are_corrupt(pg_dsn: str) -> None:
+    """A row older than its changes (the two tables restored from different times) is refused,
+    never loaded with changes the row does not count.
+    """
+    saved_with_changes(pg_dsn)
+    sql(pg_dsn, "UPDATE durably_runs SET seq = 2")
+    refused(pg_dsn, "past the row's last save 2")

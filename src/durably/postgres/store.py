@@ -583,11 +583,17 @@ class PostgresStore:
                 )
             apply(state, record, path=path)
             seq = record.seq
-        if seq != stored.seq:
+        if seq < stored.seq:
             raise CheckpointCorrupt(
                 path=path,
                 reason=f"saves up to {stored.seq} were made and its changes end at save "
                 f"{seq}: rows of durably_changes were deleted",
+            )
+        if seq > stored.seq:
+            raise CheckpointCorrupt(
+                path=path,
+                reason=f"its changes go on to save {seq}, past the row's last save "
+                f"{stored.seq}: the two tables come from different times (restored apart?)",
             )
         if stored.changes:
             check_ranges(state, path=path)
