@@ -170,6 +170,7 @@ async def _list_postgres(dsn: str) -> tuple[Listing, str]:
     from ..errors import DurablyError
     from ..listing import Listing, summarize
     from ..postgres.store import PostgresStore
+    from ..storechoice import StoreChoice
 
     listed = Listing()
     async with PostgresStore(dsn) as store:
@@ -185,8 +186,7 @@ async def _list_postgres(dsn: str) -> tuple[Listing, str]:
                 except DurablyError as exc:
                     listed.unreadable.append((run_id, exc))
                 listed.loaded += 1
-        where = store.describe("").split(" ", 1)[0]
-    return listed, where
+    return listed, StoreChoice(dsn=dsn).describe()
 
 
 def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
@@ -241,9 +241,9 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
 
 async def _read_postgres(dsn: str, given: str) -> RunState | list[str]:
     """The run ``given`` names in the Postgres store at ``dsn``, or the IDs it starts."""
-    from ..postgres.store import PostgresStore
+    from ..storechoice import StoreChoice, opened_store
 
-    async with PostgresStore(dsn) as store:
+    async with opened_store(StoreChoice(dsn=dsn)) as store:
         run = pick_run(await store.list_runs(), given)
         return run if isinstance(run, list) else await store.read(run)
 

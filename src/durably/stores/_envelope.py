@@ -12,7 +12,9 @@ written as envelope version 3 (or 2, before its log could hold keyed changes:
 see :mod:`durably.stores.journal`), ``{"durably": 3, "crc32": N, "journal": G,
 "state": {...}}``, whose checksum is the CRC-32 of ``journal G\n`` and ``state``
 together. Version 1 with a ``journal`` field (written before version 2 existed)
-is still read; the journal store rewrites it at its next save.
+is still read; the journal store rewrites it at its next save. The Postgres store
+puts the same field to the same use: there it is the number of the save that
+wrote the snapshot, which its row's later changes continue.
 
 Writing: :class:`Sealer` keeps the encoded messages of the last state it sealed
 and their running CRC, so a save encodes and checksums only the messages added
@@ -48,7 +50,8 @@ class _Envelope(msgspec.Struct, kw_only=True, omit_defaults=True):
     durably: int
     crc32: int
     journal: int = 0
-    """For the journal store: the generation of the log that continues this snapshot."""
+    """What continues this snapshot: the journal store's log generation, or the Postgres
+    store's save number (whose changes follow it)."""
     state: msgspec.Raw
 
 
