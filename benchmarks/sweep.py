@@ -7,10 +7,12 @@ Runs the reference triage job's default sweep (every configuration; depth 2 for
 the protected ones) ``--repeat`` times and prints the table once, the scenario
 counts, and the median wall time and rate.
 
-The baseline, measured in the same run on the same machine, before each sweep:
+The baseline, measured in the same run on the same machine, around each sweep:
 one uncrashed run of the job in a process forked from a warm one (the job has
-run once in it, as in a sweep's worker), from a fresh world in the sweep's
-scratch directory to its judged end (median of ``--baseline-runs``). The
+run once in it and its objects are frozen for the collector, as in a sweep's
+worker), from a fresh world in the sweep's scratch directory to its judged end;
+the mean of the median of half of ``--baseline-runs`` just before the sweep and
+of the other half just after it (the machine's speed drifts). The
 sweep's cost per scenario is reported as a multiple of it (wall time x workers
 / scenarios / baseline): how many plain runs one crash scenario costs, whatever
 the machine's speed. The same ratio is also given in CPU time (every process's
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import statistics
@@ -71,12 +74,18 @@ def _cpu() -> float:
 
 
 def warm(job: SweepJob, *, store: StoreFactory | None = None) -> None:
-    """Run the job once in this process, as a sweep's worker does before it forks."""
+    """Run the job once in this process, as a sweep's worker does before it forks.
+
+    Then, as the worker does, collect and freeze the garbage collector's
+    objects, so a plain run's child copies no more pages than a scenario's.
+    """
     with tempfile.TemporaryDirectory(prefix="durably-bench-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch), config=CONFIGS[0], store_factory=store)
         job.prepare(world)
         agent = job.agent(world, SweepApprover(job, world))
         asyncio.run(agent.run(job.task(), run_id=RUN_ID))
+    gc.collect()
+    gc.freeze()
 
 
 def plain_run(
@@ -109,6 +118,16 @@ def baseline(runs: int, measure: Callable[[], tuple[float, float]]) -> tuple[flo
     """Median wall and CPU seconds of ``runs`` plain runs."""
     found = [measure() for _ in range(runs)]
     return statistics.median(w for w, _ in found), statistics.median(c for _, c in found)
+
+
+def bracketing(before: tuple[float, float], after: tuple[float, float]) -> tuple[float, float]:
+    """The baseline of a sweep: the mean of the medians measured just before and just after it.
+
+    This machine's speed drifts by a tenth or more within a minute (other
+    guests): a baseline measured on one side of a 40-second sweep alone moved
+    the ratio by as much.
+    """
+    return (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
 
 
 def main() -> None:
@@ -149,9 +168,9 @@ def main() -> None:
     plain_cpus: list[float] = []
     report = None
     for attempt in range(1, args.repeat + 1):
-        plain_wall, plain_cpu = baseline(args.baseline_runs, lambda: plain_run(job))
-        plain_walls.append(plain_wall)
-        plain_cpus.append(plain_cpu)
+        half = max(1, args.baseline_runs // 2)
+        before = baseline(half, lambda: plain_run(job))
+        found: list[tuple[tuple[Workers, bool], float, float, int]] = []
         for kind in kinds:
             started, cpu = time.perf_counter(), _cpu()
             report = run_sweep(
@@ -171,13 +190,19 @@ def main() -> None:
                 raise SystemExit("the sweep had problems:\n" + "\n".join(problems))
             times[kind].append(wall)
             cpu_times[kind].append(cpu)
-            scenarios = len(report.results)
+            found.append((kind, wall, cpu, len(report.results)))
+        after = baseline(half, lambda: plain_run(job))
+        plain_wall, plain_cpu = bracketing(before, after)
+        plain_walls.append(plain_wall)
+        plain_cpus.append(plain_cpu)
+        for kind, wall, cpu, scenarios in found:
             if kind == kinds[-1]:
                 wall_ratios.append(wall * args.jobs / scenarios / plain_wall)
                 cpu_ratios.append(cpu / scenarios / plain_cpu)
             print(
                 f"run {attempt} ({_name(kind)}): {wall:.1f} s, CPU {cpu:.1f} s "
-                f"(load {os.getloadavg()[0]:.1f}); plain run {plain_wall * 1000:.1f} ms, "
+                f"(load {os.getloadavg()[0]:.1f}); plain run {plain_wall * 1000:.1f} ms "
+                f"(before {before[0] * 1000:.1f}, after {after[0] * 1000:.1f}), "
                 f"CPU {plain_cpu * 1000:.1f} ms",
                 flush=True,
             )

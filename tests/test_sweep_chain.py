@@ -62,14 +62,21 @@ def test_chained_and_separate_kills_judge_alike(
     job = TriageJob()
     groups, reference = _groups(job, config, store)
     chains: list[tuple[int, int]] = []
-    real = _chain.chain_kills
+    recording: list[_chain.Chain] = []
+    real, real_to_end = _chain.chain_kills, _chain.chain_to_end
 
     def counted(root: Path, points: Any, start: Any) -> list[_chain.ChainedKill]:
         kills = real(root, points, start)
         chains.append((len(points), len(kills)))
         return kills
 
+    def counted_to_end(root: Path, kill_here: Any, start: Any) -> _chain.Chain:
+        chain = real_to_end(root, kill_here, start)
+        recording.append(chain)
+        return chain
+
     monkeypatch.setattr(_chain, "chain_kills", counted)
+    monkeypatch.setattr(_chain, "chain_to_end", counted_to_end)
     for batch in (groups[:4], groups[:: max(1, len(groups) // 5)]):
         chained = sweep_core._run_batch(job, batch, reference, store)  # noqa: SLF001 -- the test is about the sweep's groups
         separate = sweep_core._run_batch(  # noqa: SLF001 -- the test is about the sweep's groups
@@ -80,6 +87,10 @@ def test_chained_and_separate_kills_judge_alike(
     assert chains
     assert max(kills for _, kills in chains) > 1
     assert all(kills >= 1 for _, kills in chains)
+    if config.protected:  # groups with second crashes: their first restarts killed them
+        assert recording
+        assert all(chain.status == 0 for chain in recording)
+        assert max(len(chain.kills) for chain in recording) > 1
 
 
 def _chain_in(tmp_path: Path, body: Any, points: list[int]) -> list[_chain.ChainedKill]:
@@ -247,3 +258,92 @@ def test_a_chained_second_kill_counts_replies_paid_twice_as_a_separate_one_does(
     second = [r for results in chained for r in results if r.depth == 2]
     assert sum(r.paid_twice for r in second) > 0
     assert chained == separate
+
+
+def test_a_chain_to_the_end_kills_where_its_process_picks_and_finishes_the_run(
+    tmp_path: Path,
+) -> None:
+    """The process decides at each point, from what it sees there, whether to die; the
+    continuation after the last kill runs on to the end, and its exit status is returned.
+    """
+    import asyncio
+
+    world, pids = tmp_path / "world", tmp_path / "pids"
+    world.mkdir()
+
+    async def body() -> None:
+        for step in range(1, 6):
+            (world / f"step{step}").write_text(str(step))
+            with pids.open("a") as out:
+                out.write(f"{os.getpid()}\n")
+            faults.point(f"test.step{step}")
+        (world / "end").write_text("done")
+
+    def start(plan: faults.CrashPlan, prepare: Any) -> None:
+        async def main() -> None:
+            prepare()
+            with faults.installed(plan):
+                await body()
+
+        asyncio.run(main())
+
+    def even_files(point: int, label: str) -> bool:  # asked in the chain's process
+        assert label == f"test.step{point}"
+        return len(os.listdir(world)) % 2 == 0
+
+    chain = _chain.chain_to_end(world, even_files, start)
+    assert [k.point for k in chain.kills] == [2, 4]
+    assert chain.status == 0
+    assert (world / "end").read_text() == "done"
+    for kill in chain.kills:
+        assert {e.path for e in kill.disk.entries} == {f"step{n}" for n in range(1, kill.point + 1)}
+    lines = pids.read_text().split()
+    assert lines[0] == lines[1] != lines[2] == lines[3] != lines[4]
+
+
+def test_a_chain_to_the_end_that_dies_where_a_fork_is_unsafe_has_no_status(
+    tmp_path: Path,
+) -> None:
+    """A kill off the main thread ends the chain there: nothing ran on, no status."""
+
+    async def body() -> None:
+        import asyncio
+
+        faults.point("test.one")
+        await asyncio.to_thread(faults.point, "test.in-a-thread")
+        faults.point("test.three")
+
+    def start(plan: faults.CrashPlan, prepare: Any) -> None:
+        import asyncio
+
+        async def main() -> None:
+            prepare()
+            with faults.installed(plan):
+                await body()
+
+        asyncio.run(main())
+
+    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point in (1, 2), start)
+    assert [k.point for k in chain.kills] == [1, 2]
+    assert chain.status is None
+
+
+def test_a_chain_to_the_end_reports_how_its_finisher_failed(tmp_path: Path) -> None:
+    """A run that raises after the last kill ends the chain with that process's status."""
+
+    def start(plan: faults.CrashPlan, prepare: Any) -> None:
+        import asyncio
+
+        async def main() -> None:
+            prepare()
+            with faults.installed(plan):
+                faults.point("test.one")
+                raise RuntimeError("the run broke after its kill")
+
+        asyncio.run(main())
+
+    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point == 1, start)
+    assert [k.point for k in chain.kills] == [1]
+    assert chain.status is not None
+    assert os.WIFEXITED(chain.status)
+    assert os.WEXITSTATUS(chain.status) == 1

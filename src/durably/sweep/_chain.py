@@ -23,6 +23,11 @@ fresh executor serves it). Elsewhere the process still reports the point and
 dies there, and the chain ends: the points after it get a new chain. Orphaned
 continuations are reparented to the harness, made a child subreaper for the
 chain's lifetime, so it reaps every one.
+
+:func:`chain_kills` kills at points given in advance and stops after the
+last. :func:`chain_to_end` lets the chain's process pick its points as it
+reaches them (the sweep's first restart picks the new ones of its recovery
+window), and lets the continuation after the last kill run on to the end.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Any
 from .. import faults
 from .tree import Tree
 
-__all__ = ["ChainedKill", "chain_kills", "chaining_possible"]
+__all__ = ["Chain", "ChainedKill", "chain_kills", "chain_to_end", "chaining_possible"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 """prctl(2) option: orphaned descendants are reparented to this process, not init."""
@@ -130,15 +135,53 @@ def chain_kills(
     wanted = sorted(set(points))
     if not wanted:
         return []
+    targets = set(wanted)
+    return _run_chain(root, lambda point, _label: point in targets, start, last=wanted[-1]).kills
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a chain run on to its end left: its kills, and how its last process ended."""
+
+    kills: list[ChainedKill]
+    status: int | None
+    """The wait status of the process that ran on past the last kill to the run's end;
+    None when the chain ended at a kill (a point where a fork was unsafe) or was cut short."""
+
+
+def chain_to_end(
+    root: Path,
+    kill_here: Callable[[int, str], bool],
+    start: Callable[[faults.CrashPlan, Callable[[], None]], None],
+) -> Chain:
+    """Kill one chain of processes at each point ``kill_here`` picks, then let it finish.
+
+    ``kill_here(point, label)`` is asked in the chain's process at every point
+    (1-based index, label), so it can decide from what the process sees there;
+    ``start`` is as for :func:`chain_kills`. The process alive after the last
+    kill runs on to the end of ``start``, and its wait status is returned.
+    """
+    return _run_chain(root, kill_here, start, last=None)
+
+
+def _run_chain(
+    root: Path,
+    kill_here: Callable[[int, str], bool],
+    start: Callable[[faults.CrashPlan, Callable[[], None]], None],
+    *,
+    last: int | None,
+) -> Chain:
+    """The harness's side of a chain; with ``last``, the chain stops after that point's kill."""
     report_r, report_w = os.pipe()
     go_r, go_w = os.pipe()
     kills: list[ChainedKill] = []
+    status: int | None = None
     with _subreaper():
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's coverage is not collected
             os.close(report_r)
             os.close(go_w)
-            _chained_child(wanted, report_w, go_r, start)
+            _chained_child(kill_here, report_w, go_r, start)
         os.close(report_w)
         os.close(go_r)
         alive = {pid: None}  # the chain's processes not yet reaped, oldest first
@@ -152,9 +195,15 @@ def chain_kills(
                     if not _died_by_sigkill(dying):
                         break
                     kills.append(ChainedKill(point, Tree.read(root)))
-                    if not continuation or point == wanted[-1]:
+                    if not continuation or point == last:
                         break
                     os.write(go_w, b"g")
+                else:
+                    # Every process of the chain has closed the report pipe: the one
+                    # still unreaped ran on past the last kill and has ended.
+                    for finisher in list(alive):
+                        del alive[finisher]
+                        _, status = os.waitpid(finisher, 0)
             finally:
                 # A chain ended, or cut short: none of it may outlive the call. A
                 # continuation still waiting to go on reads the end of the go pipe and
@@ -168,18 +217,17 @@ def chain_kills(
                 for straggler in alive:
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(straggler, 0)
-    return kills
+    return Chain(kills, status if last is None else None)
 
 
 def _chained_child(
-    wanted: Sequence[int],
+    kill_here: Callable[[int, str], bool],
     report_w: int,
     go_r: int,
     start: Callable[[faults.CrashPlan, Callable[[], None]], None],
 ) -> None:  # pragma: no cover - runs in the chain's processes
     plan = faults.CrashPlan()
     executor: list[_CountingExecutor] = []
-    targets = set(wanted)
 
     def prepare() -> None:
         executor[:] = [_CountingExecutor()]
@@ -187,7 +235,7 @@ def _chained_child(
 
     def at_point(label: str) -> None:
         point = len(plan.reached)
-        if point not in targets:
+        if not kill_here(point, label):
             return
         safe = (
             threading.current_thread() is threading.main_thread()

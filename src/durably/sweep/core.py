@@ -325,30 +325,61 @@ def run_scenario_process(
     start = first or not world.has_run()
 
     def body() -> None:
-        prints: list[str] = []
-        # "open", then "closing" after the window's last point (its fingerprint
-        # still counts the equal points after it), then "closed" once the disk changes.
-        window = "open"
-
-        def fingerprint(label: str) -> None:
-            nonlocal window
-            if window == "closed":
-                return
-            digest = job.fingerprint(world)
-            if window == "closing" and digest != prints[-1]:
-                window = "closed"
-                return
-            prints.append(digest)
-            if window_only and label == WINDOW_END:
-                window = "closing"
-
+        recorder = _Recorder(job, world, window_only=window_only)
         if record is not None:
-            plan.on_point = fingerprint
+            plan.on_point = recorder.observe
         _run_process(job, world, start=start, plan=plan)
         if record is not None:
-            record.write_text(json.dumps({"labels": plan.reached, "prints": prints}))
+            record.write_text(json.dumps(recorder.record(plan)))
 
     return run_in_child(body)
+
+
+class _Recorder:
+    """What a restart sees at its crash points: their fingerprints, and which are new.
+
+    A fingerprint is taken at every point until the recovery window (see
+    :func:`_window`) has closed and the disk has changed after it (with
+    ``window_only``; else at every point): the equal points after the window's
+    last still count towards its cover.
+    """
+
+    def __init__(self, job: SweepJob, world: World, *, window_only: bool, merge: bool = True):
+        self._job, self._world, self._window_only, self._merge = job, world, window_only, merge
+        self.prints: list[str] = []
+        # "open", then "closing" after the window's last point (its equal points
+        # after it still count), then "closed" once the disk changes.
+        self._window = "open"
+
+    def at_point(self, label: str) -> bool:
+        """Fingerprint this point; whether it is a second-crash candidate.
+
+        A candidate is a point inside the recovery window whose fingerprint
+        differs from the point before it (every point inside, without
+        ``merge``): the points :func:`judge_scenario` chooses from the record.
+        """
+        if self._window == "closed":
+            return False
+        digest = self._job.fingerprint(self._world)
+        if self._window == "closing":
+            if digest != self.prints[-1]:
+                self._window = "closed"
+                return False
+            self.prints.append(digest)
+            return False
+        new = not self._merge or not self.prints or digest != self.prints[-1]
+        self.prints.append(digest)
+        if self._window_only and label == WINDOW_END:
+            self._window = "closing"
+        return new
+
+    def observe(self, label: str) -> None:
+        """:meth:`at_point`, as a crash plan's ``on_point``."""
+        self.at_point(label)
+
+    def record(self, plan: faults.CrashPlan) -> dict[str, Any]:
+        """The labels of every point reached and the fingerprints taken, for the harness."""
+        return {"labels": plan.reached, "prints": self.prints}
 
 
 def _run_process(
@@ -546,8 +577,15 @@ def _after_first_kill(
     # What every restart after this first crash sees when it begins (the paid-twice
     # count of a chained second kill starts here).
     saved_turns, asked = count_saved_turns(world), len(job.call_log(world).turns(RUN_ID))
-    results = [restart_and_judge(job, world, first, reference, error)]
-    done = results[0]
+    done: ScenarioResult | None = None
+    killed: dict[int, Tree] = {}
+    if left is not None and group.chain and _chain.chaining_possible():
+        done, killed = _recording_chain(job, world, first, reference, error, saved_turns, asked)
+        if done is None:
+            left.write(world.root)
+    if done is None:
+        done = restart_and_judge(job, world, first, reference, error)
+    results = [done]
     specs = [
         ScenarioSpec(group.config, 2, group.first, point, (group.label, label), covers, group.merge)
         for point, label, covers in zip(
@@ -557,10 +595,10 @@ def _after_first_kill(
     if left is None:
         return results + [_run_scenario(job, spec, reference, store) for spec in specs]
     disk = left
-    killed: dict[int, Tree] = {}
     if group.chain:
         seconds = [spec.second for spec in specs if spec.second is not None]
-        killed = _chained_kills(job, world, seconds, lambda: disk.write(world.root), first=False)
+        missing = [second for second in seconds if second not in killed]
+        killed |= _chained_kills(job, world, missing, lambda: disk.write(world.root), first=False)
     for spec in specs:
         if spec.second in killed:
             killed[spec.second].write(world.root)
@@ -572,6 +610,67 @@ def _after_first_kill(
             left.write(world.root)
             results.append(restart_and_judge(job, world, spec, reference, error))
     return results
+
+
+def _recording_chain(
+    job: SweepJob,
+    world: World,
+    spec: ScenarioSpec,
+    reference: Counter[str],
+    error: str | None,
+    saved_turns: int,
+    asked: int,
+) -> tuple[ScenarioResult | None, dict[int, Tree]]:
+    """The first restart after a first crash, killed at each second crash it finds on its way.
+
+    The restart that records a group's second crashes and the chain that then
+    kills a process at each of them (:func:`_chained_kills`) would run the
+    same recovery from the same disk twice. Here one chain does both: its
+    process fingerprints each point as the recording restart does, and where
+    the point is a new one inside the recovery window it forks its
+    continuation and is killed there; past the window the last continuation
+    runs on to the end as the uncrashed first restart, and is judged as it
+    (``spec``, depth 1). ``saved_turns`` and ``asked`` are what the first
+    crash's disk holds.
+
+    Returns:
+        That scenario's result, None if the chain ended at a kill (a point
+        where a fork was unsafe): the caller restarts the run afresh; and the
+        disk left at each kill.
+    """
+    start = not world.has_run()
+    recorder = _Recorder(job, world, window_only=True, merge=spec.merge)
+    record_path = world.root / "restart.json"
+
+    def run(plan: faults.CrashPlan, prepare: Callable[[], None]) -> None:
+        logging.getLogger("durably").addHandler(logging.NullHandler())
+        _run_process(job, world, start=start, plan=plan, prepare=prepare)
+        record_path.write_text(json.dumps(recorder.record(plan)))
+
+    try:
+        chain = _chain.chain_to_end(world.root, lambda _point, label: recorder.at_point(label), run)
+    except Uncopyable:
+        return None, {}
+    killed = {kill.point: kill.disk for kill in chain.kills}
+    if chain.status is None:
+        return None, killed
+    paid_twice = _paid_again(job.call_log(world), asked, saved_turns)
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    final: RunState | None = None
+    finished = False
+    if chain.status != 0:
+        error = error or f"restart 1 failed (status {chain.status})"
+    else:
+        final = world.read()
+        finished = final.phase is Phase.DONE
+    result = judge_scenario(
+        job, world, spec, reference, finished, paid_twice, record, error, state=final
+    )
+    stray = sorted(set(killed) - set(result.restart_points))
+    if stray:  # the chain and the record disagree: no second crash of this group is trusted
+        disagree = f"the chain killed at points the record does not pick: {stray}"
+        result = replace(result, error=result.error or disagree)
+    return result, killed
 
 
 def _chained_kills(
