@@ -382,6 +382,54 @@ def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
     assert rows(pg_dsn) == ((0, 2), [1, 2])
 
 
+def test_a_claim_passes_by_a_run_whose_save_is_in_flight_then_loads_that_save(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker polling while a stalled owner's save still holds the row skips the run (``SKIP
+    LOCKED``), though its lease has run out; its next poll, after that save committed, claims
+    the run and loads the save, change and all.
+    """
+    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
+        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
+    )
+    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
+    state = state_a("q1")
+
+    async def scenario() -> tuple[list[str], RunState | None]:
+        async with (
+            PostgresStore(pg_dsn, lease=timedelta(seconds=1)) as old,
+            PostgresStore(pg_dsn, lease=timedelta(seconds=30)) as new,
+        ):
+            await enqueue(old, run_id="q1", agent="ledger", task=state.task)
+            (first,) = await claim(old, agents=["ledger"], limit=1)
+            handle = first.handle
+            handle._renewal.cancel()  # noqa: SLF001 -- the owner stalls: its lease will run out
+            await handle.save(state)  # a claimed handle's first save: a snapshot
+            step(state, 1)
+            await handle.save(state)
+            step(state, 2)
+            monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
+            real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
+
+            def paused(saves: list[dict[str, Any]]) -> Any:
+                return real([{**saves[0], "pause": 2.5}])
+
+            monkeypatch.setattr(postgres, "_saving", paused)
+            saving = asyncio.create_task(handle.save(state))  # lease live: it begins
+            await asyncio.sleep(1.4)  # the lease has run out; the save still holds the row
+            during = [c.run_id for c in await claim(new, agents=["ledger"], limit=1)]
+            await saving
+            (after,) = await claim(new, agents=["ledger"], limit=1)
+            loaded = after.load()
+            await after.handle.close()
+            return during, loaded
+
+    during, loaded = asyncio.run(scenario())
+    assert during == []
+    assert loaded == state
+    assert rows(pg_dsn, "q1") == ((1, 3), [2, 3])  # the snapshot, then the two changes
+
+
 def test_durably_runs_lists_a_postgres_store(
     pg_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
