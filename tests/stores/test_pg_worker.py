@@ -11,12 +11,11 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 from _pg_jobs import ANSWER, CALLS, JOB, Ledger, make_registry
 from _pg_procs import Child
+from _pg_sql import sql
 
 import durably
 from _helpers.samples import state_a
@@ -28,13 +27,6 @@ from durably.state import Phase
 pytestmark = pytest.mark.postgres
 
 TESTS = Path(__file__).parent
-
-
-def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
-    """Run ``query`` on its own connection; the rows, if it returns any."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cursor = conn.execute(query.encode(), params or None)
-        return cursor.fetchall() if cursor.description else []
 
 
 def in_doubt(dsn: str, call_id: str) -> int:
