@@ -528,8 +528,9 @@ def _run_batch(
     fresh world killed at the same point would leave, and re-running the first
     process for every second crash (most of a scenario's cost) proves nothing
     more. With ``chain`` (:mod:`durably.sweep._chain`), the batch's first kills
-    are one chain of processes from a fresh world, and so are each group's
-    second kills from its first crash's disk, instead of one process each.
+    are one chain of processes from a fresh world, and each group's second
+    kills are made by its first restart as it finds them (:func:`_recording_chain`),
+    instead of one process each.
     """
     with tempfile.TemporaryDirectory(prefix="durably-sweep-", dir=scratch_root()) as scratch:
         world = World(root=Path(scratch) / "world", config=groups[0].config, store_factory=store)
@@ -667,7 +668,7 @@ def _recording_chain(
         job, world, spec, reference, finished, paid_twice, record, error, state=final
     )
     stray = sorted(set(killed) - set(result.restart_points))
-    if stray:  # the chain and the record disagree: no second crash of this group is trusted
+    if stray:  # the chain and the record disagree: the sweep fails on this scenario's error
         disagree = f"the chain killed at points the record does not pick: {stray}"
         result = replace(result, error=result.error or disagree)
     return result, killed
@@ -1105,8 +1106,9 @@ def run_sweep(
             default); False kills at every labelled point, first and second,
             trusting no equivalence (several times slower).
         chain: kill one chain of forked processes at a batch's first crashes,
-            and another at each group's second crashes (the default); False
-            starts a process for each kill (slower, judged alike).
+            and have each group's first restart die at its second crashes as
+            it reaches them (the default); False starts a process for each kill
+            (slower, judged alike).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
