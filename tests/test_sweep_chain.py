@@ -93,8 +93,8 @@ def test_chained_and_separate_kills_judge_alike(
         assert max(len(chain.kills) for chain in recording) > 1
 
 
-def _chain_in(tmp_path: Path, body: Any, points: list[int]) -> list[_chain.ChainedKill]:
-    """Run ``body(plan)`` as a chained process over ``tmp_path``, killed at ``points``."""
+def _starter(body: Any) -> Any:
+    """A chain's ``start``: ``await body()`` in a new event loop, under the chain's plan."""
 
     def start(plan: faults.CrashPlan, prepare: Any) -> None:
         import asyncio
@@ -106,7 +106,27 @@ def _chain_in(tmp_path: Path, body: Any, points: list[int]) -> list[_chain.Chain
 
         asyncio.run(main())
 
-    return _chain.chain_kills(tmp_path, points, start)
+    return start
+
+
+def _chain_in(tmp_path: Path, body: Any, points: list[int]) -> list[_chain.ChainedKill]:
+    """Run ``body()`` as a chained process over ``tmp_path``, killed at ``points``."""
+    return _chain.chain_kills(tmp_path, points, _starter(body))
+
+
+def _five_steps(world: Path, pids: Path, *, end: bool = False) -> Any:
+    """A body writing ``step1``..``step5`` in ``world``, a point after each, logging its pid."""
+
+    async def body() -> None:
+        for step in range(1, 6):
+            (world / f"step{step}").write_text(str(step))
+            with pids.open("a") as out:
+                out.write(f"{os.getpid()}\n")
+            faults.point(f"test.step{step}")
+        if end:
+            (world / "end").write_text("done")
+
+    return body
 
 
 def test_each_kill_leaves_the_disk_of_its_point_and_kills_the_process_that_wrote_it(
@@ -117,14 +137,7 @@ def test_each_kill_leaves_the_disk_of_its_point_and_kills_the_process_that_wrote
     """
     world, pids = tmp_path / "world", tmp_path / "pids"
     world.mkdir()
-
-    async def body() -> None:
-        for step in range(1, 6):
-            (world / f"step{step}").write_text(str(step))
-            with pids.open("a") as out:
-                out.write(f"{os.getpid()}\n")
-            faults.point(f"test.step{step}")
-
+    body = _five_steps(world, pids)
     dead_when_copied: list[bool] = []
     read = Tree.read
 
@@ -266,26 +279,9 @@ def test_a_chain_to_the_end_kills_where_its_process_picks_and_finishes_the_run(
     """The process decides at each point, from what it sees there, whether to die; the
     continuation after the last kill runs on to the end, and its exit status is returned.
     """
-    import asyncio
-
     world, pids = tmp_path / "world", tmp_path / "pids"
     world.mkdir()
-
-    async def body() -> None:
-        for step in range(1, 6):
-            (world / f"step{step}").write_text(str(step))
-            with pids.open("a") as out:
-                out.write(f"{os.getpid()}\n")
-            faults.point(f"test.step{step}")
-        (world / "end").write_text("done")
-
-    def start(plan: faults.CrashPlan, prepare: Any) -> None:
-        async def main() -> None:
-            prepare()
-            with faults.installed(plan):
-                await body()
-
-        asyncio.run(main())
+    start = _starter(_five_steps(world, pids, end=True))
 
     def even_files(point: int, label: str) -> bool:  # asked in the chain's process
         assert label == f"test.step{point}"
@@ -313,17 +309,7 @@ def test_a_chain_to_the_end_that_dies_where_a_fork_is_unsafe_has_no_status(
         await asyncio.to_thread(faults.point, "test.in-a-thread")
         faults.point("test.three")
 
-    def start(plan: faults.CrashPlan, prepare: Any) -> None:
-        import asyncio
-
-        async def main() -> None:
-            prepare()
-            with faults.installed(plan):
-                await body()
-
-        asyncio.run(main())
-
-    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point in (1, 2), start)
+    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point in (1, 2), _starter(body))
     assert [k.point for k in chain.kills] == [1, 2]
     assert chain.status is None
 
@@ -331,18 +317,11 @@ def test_a_chain_to_the_end_that_dies_where_a_fork_is_unsafe_has_no_status(
 def test_a_chain_to_the_end_reports_how_its_finisher_failed(tmp_path: Path) -> None:
     """A run that raises after the last kill ends the chain with that process's status."""
 
-    def start(plan: faults.CrashPlan, prepare: Any) -> None:
-        import asyncio
+    async def body() -> None:
+        faults.point("test.one")
+        raise RuntimeError("the run broke after its kill")
 
-        async def main() -> None:
-            prepare()
-            with faults.installed(plan):
-                faults.point("test.one")
-                raise RuntimeError("the run broke after its kill")
-
-        asyncio.run(main())
-
-    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point == 1, start)
+    chain = _chain.chain_to_end(tmp_path, lambda point, _label: point == 1, _starter(body))
     assert [k.point for k in chain.kills] == [1]
     assert chain.status is not None
     assert os.WIFEXITED(chain.status)

@@ -340,6 +340,21 @@ def test_a_group_statement_carries_changes_and_snapshots_together(pg_dsn: str) -
     assert [rows(pg_dsn, run_id) for run_id in names] == [((0, 1), [1])] * 3 + [((1, 1), [])] * 2
 
 
+def slow_change_saves(monkeypatch: pytest.MonkeyPatch, pause: float) -> None:
+    """From now on a lone change save holds the row's lock ``pause`` seconds after its UPDATE."""
+    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
+        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
+    )
+    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
+    monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
+    real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
+
+    def paused(saves: list[dict[str, Any]]) -> Any:
+        return real([{**saves[0], "pause": pause}])
+
+    monkeypatch.setattr(postgres, "_saving", paused)
+
+
 def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -347,11 +362,6 @@ def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
     a takeover that waited for it on the row lock loads it, change and all (no false
     CheckpointCorrupt from reading the row after the save and its changes from before).
     """
-    # The save holds the row's lock for a while after its UPDATE, before it commits.
-    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
-        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
-    )
-    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
     state = state_a("r1")
 
     async def scenario() -> RunState:
@@ -364,13 +374,8 @@ def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
             step(state, 1)
             await handle.save(state)
             step(state, 2)
-            monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
-            real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
-
-            def paused(saves: list[dict[str, Any]]) -> Any:
-                return real([{**saves[0], "pause": 1.2}])
-
-            monkeypatch.setattr(postgres, "_saving", paused)
+            # The save holds the row's lock for a while after its UPDATE, before it commits.
+            slow_change_saves(monkeypatch, 1.2)
             saving = asyncio.create_task(handle.save(state))  # lease live: it begins
             await asyncio.sleep(1.1)  # the lease has run out; the save still holds the row
             taking, loaded = await new.open("r1")  # waits for the save's commit
@@ -389,10 +394,6 @@ def test_a_claim_passes_by_a_run_whose_save_is_in_flight_then_loads_that_save(
     LOCKED``), though its lease has run out; its next poll, after that save committed, claims
     the run and loads the save, change and all.
     """
-    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
-        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
-    )
-    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
     state = state_a("q1")
 
     async def scenario() -> tuple[list[str], RunState | None]:
@@ -408,13 +409,7 @@ def test_a_claim_passes_by_a_run_whose_save_is_in_flight_then_loads_that_save(
             step(state, 1)
             await handle.save(state)
             step(state, 2)
-            monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
-            real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
-
-            def paused(saves: list[dict[str, Any]]) -> Any:
-                return real([{**saves[0], "pause": 2.5}])
-
-            monkeypatch.setattr(postgres, "_saving", paused)
+            slow_change_saves(monkeypatch, 2.5)
             saving = asyncio.create_task(handle.save(state))  # lease live: it begins
             await asyncio.sleep(1.4)  # the lease has run out; the save still holds the row
             during = [c.run_id for c in await claim(new, agents=["ledger"], limit=1)]
