@@ -135,6 +135,40 @@ def test_reading_a_store_loads_no_agent_machinery(
     assert drawer in loaded  # it drew the table
     assert [m for m in heavy(loaded) if not m.startswith("rich")] == []
     assert [m for m in ours(loaded) if m.startswith(NOT_FOR_READING)] == []
+    # Nor the parsers and handlers of the other commands.
+    assert "durably.cli.runs" in loaded
+    assert [m for m in ours(loaded) if m.startswith("durably.cli.")] == [
+        "durably.cli._args",
+        "durably.cli.runs",
+    ]
+
+
+def test_every_command_is_in_the_table_that_loads_its_parser_alone() -> None:
+    """The table the command line imports a command's module by lists exactly the commands the
+    whole parser has; each parses with its own module's part alone, and a misspelt command
+    gets the whole parser (to suggest from).
+    """
+    import argparse
+
+    from durably import cli
+
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        (action,) = [
+            a
+            for a in parser._actions  # noqa: SLF001 -- argparse keeps its subcommands there
+            if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001 -- as above
+        ]
+        return set(action.choices)
+
+    every = commands(cli._parser())  # noqa: SLF001 -- the parser is what is tested
+    listed = [name for _, _, names in cli.COMMANDS for name in names]
+    assert sorted(listed) == sorted(every)
+    for name in listed:
+        alone = commands(cli._parser(["--debug", name, "--help"]))  # noqa: SLF001 -- as above
+        assert name in alone
+        assert alone < every
+    assert commands(cli._parser(["shwo"])) == every  # noqa: SLF001 -- as above
+    assert commands(cli._parser(["--help", "show"])) == every  # noqa: SLF001 -- as above
 
 
 def test_listing_runs_loads_no_rich(small_store: Path) -> None:

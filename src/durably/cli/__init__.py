@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -40,11 +41,6 @@ from ..errors import (
     OwnershipError,
 )
 from ._args import EPILOG
-from .person import add_person_commands
-from .runs import add_runs_command, add_show_command
-from .sweep import add_sweep_command
-from .triage import add_triage_command
-from .worker import add_worker_commands
 
 if TYPE_CHECKING:
     # rich and asyncio are imported where a command draws or runs, so `durably --help`
@@ -54,7 +50,41 @@ if TYPE_CHECKING:
 __all__ = ["EXIT", "main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+COMMANDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("triage", "add_triage_command", ("triage",)),
+    ("runs", "add_show_command", ("show",)),
+    ("sweep", "add_sweep_command", ("sweep",)),
+    ("runs", "add_runs_command", ("runs",)),
+    ("worker", "add_worker_commands", ("worker", "submit")),
+    ("person", "add_person_commands", ("pending", "answer", "resume", "console")),
+)
+"""Where each command's parser comes from: (module of this package, its function, the
+commands it adds), in the order ``durably --help`` lists them."""
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, or None when it names none or asks for the general help.
+
+    The one option before a command, ``--debug``, takes no value, so the first
+    word not starting with ``-`` is the command.
+    """
+    for word in argv:
+        if word in ("-h", "--help"):
+            return None
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with ``argv`` naming a known command, only that command's part.
+
+    A command's module is imported only to parse that command (``durably show``
+    loads neither the sweep's nor the person's commands); any other ``argv``
+    (``--help``, a misspelt command) gets every command, to list or to suggest.
+    """
+    command = None if argv is None else _command_in(argv)
+    chosen = [part for part in COMMANDS if command in part[2]] or list(COMMANDS)
     parser = argparse.ArgumentParser(
         prog="durably",
         description="Durable LLM agent runs: crash at any instant, resume without repeats.",
@@ -62,13 +92,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_triage_command(commands)
-    add_show_command(commands)
-    add_sweep_command(commands)
-    add_runs_command(commands)
-    add_worker_commands(commands)
-    add_person_commands(commands)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module, adder, _ in chosen:
+        getattr(importlib.import_module(f".{module}", __package__), adder)(commands)
     return parser
 
 
@@ -148,7 +174,7 @@ class _Output:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``durably`` command."""
-    args = _parser().parse_args(argv)
+    args = _parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     if getattr(args, "plain_output", False):
         # A command that writes text: consoles made only if it draws (an error).
         console, errors = cast("Console", _Output()), cast("Console", _Output(stderr=True))
