@@ -135,6 +135,8 @@ def test_reading_a_store_loads_no_agent_machinery(
     assert drawer in loaded  # it drew the table
     assert [m for m in heavy(loaded) if not m.startswith("rich")] == []
     assert [m for m in ours(loaded) if m.startswith(NOT_FOR_READING)] == []
+    # Nor logging (the stores log on rare paths only) or secrets (only new run IDs need it).
+    assert not {"logging", "secrets"} & loaded
     # Nor the parsers and handlers of the other commands.
     assert "durably.cli.runs" in loaded
     assert [m for m in ours(loaded) if m.startswith("durably.cli.")] == [

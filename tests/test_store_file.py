@@ -14,7 +14,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -622,7 +621,7 @@ def test_a_symlink_at_the_temp_name_is_never_followed(
 ) -> None:
     """A symlink planted at the exact temp name a save picks is refused (O_EXCL|O_NOFOLLOW)."""
     handle = store.create_sync(state_a("r1"))
-    monkeypatch.setattr(sysio, "secrets", SimpleNamespace(token_hex=lambda n: "ab" * n))
+    monkeypatch.setattr(sysio, "temp_name", lambda stem: f".{stem}.{'ab' * 8}.tmp")
     target = victim(tmp_path)
     before = fingerprint(target)
     link = store.directory / f".r1.{'ab' * 8}.tmp"

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 import stat
 import sys
 from collections.abc import Callable
@@ -184,7 +183,8 @@ def temp_name(stem: str) -> str:
     another name that merely starts with ``stem.`` (run ``a.b`` for run ``a``)
     never matches.
     """
-    return f".{stem}.{secrets.token_hex(_TEMP_HEX // 2)}.tmp"
+    # os.urandom is what secrets.token_hex reads, without importing secrets (and hmac).
+    return f".{stem}.{os.urandom(_TEMP_HEX // 2).hex()}.tmp"
 
 
 def is_temp_name(name: str, stem: str | None = None) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 import string
 from datetime import UTC, datetime
 
@@ -51,5 +50,7 @@ def new_run_id(task: str, *, now: datetime | None = None) -> str:
     """
     when = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     slug = _TASK_UNSAFE.sub("-", task).strip("-._")[:80] or "run"
+    import secrets  # here: reading a store needs keys.py, not secrets (and hmac) (issue 19)
+
     suffix = "".join(secrets.choice(_ALPHABET) for _ in range(8))
     return validate_run_id(f"{slug}-{when}-{suffix}")

@@ -26,7 +26,6 @@ has been quiet that long.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import time
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .._sysio import is_temp_name, replace_file
+from .._sysio import is_temp_name, logger, replace_file
 from ..errors import DurablyError
 from ._guard import open_trusted
 
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["INDEX_NAME", "SETTLE_NS", "Identity", "load", "save", "scan", "settled"]
 
-log = logging.getLogger("durably.stores")
 
 INDEX_NAME = ".durably-index"
 """Starts with a dot: never taken for a run, and its temp files (``..durably-index.<hex>.tmp``)
@@ -154,15 +152,15 @@ def load(store: FileStore) -> dict[str, tuple[Identity, msgspec.Raw]]:
     except FileNotFoundError:
         return {}
     except (OSError, DurablyError) as exc:
-        log.info("ignoring the listing index %s: %s", path, exc)
+        logger("durably.stores").info("ignoring the listing index %s: %s", path, exc)
         return {}
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-            log.info("ignoring the listing index %s: others may read it", path)
+            logger("durably.stores").info("ignoring the listing index %s: others may read it", path)
             return {}
         data = store.fs.read(fd)
     except OSError as exc:
-        log.info("ignoring the listing index %s: %s", path, exc)
+        logger("durably.stores").info("ignoring the listing index %s: %s", path, exc)
         return {}
     finally:
         store.fs.close(fd)
@@ -179,7 +177,9 @@ def load(store: FileStore) -> dict[str, tuple[Identity, msgspec.Raw]]:
     except (ValueError, msgspec.DecodeError, RecursionError):
         index = None
     if index is None or index.format != _FORMAT:
-        log.info("ignoring the listing index %s: damaged or of another format", path)
+        logger("durably.stores").info(
+            "ignoring the listing index %s: damaged or of another format", path
+        )
         return {}
     return {
         entry.run: (tuple(tuple(f) for f in entry.files), entry.summary)  # type: ignore[misc]
@@ -209,7 +209,9 @@ def save(store: FileStore, entries: dict[str, tuple[Identity, bytes]]) -> None:
         _remove_stale_temps(store, dir_fd)
         replace_file(store.fs, dir_fd, INDEX_NAME, header + body, mode=0o600, sync=False)
     except (OSError, DurablyError) as exc:
-        log.info("could not write the listing index in %s: %s", store.directory, exc)
+        logger("durably.stores").info(
+            "could not write the listing index in %s: %s", store.directory, exc
+        )
 
 
 def _remove_stale_temps(store: FileStore, dir_fd: int) -> None:
