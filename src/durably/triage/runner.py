@@ -140,13 +140,8 @@ def reproduce(root: Path, commands: Iterable[str], *, path_prefix: str = "") -> 
     return None
 
 
-@functools.lru_cache(maxsize=512)
 def _compile(source: bytes, filename: str) -> CodeType:
-    """``source`` compiled as if read from ``filename``.
-
-    Kept too: a run runs the sample's tests more than once, and naming every
-    nested code object again cost as much as the rest of loading a module.
-    """
+    """``source`` compiled as if read from ``filename``."""
     try:
         code = _compile_text(source)
     except SyntaxError:
