@@ -534,7 +534,11 @@ class _Driver:
     # -- plumbing --------------------------------------------------------------------
 
     async def save(self, label: str) -> None:
-        await shielded(self.handle.save(self.state))
+        # A save with nothing to wait for (a store that does not sync) is made at once: a
+        # call no cancellation can interrupt, so it needs no task and no shield.
+        at_once = getattr(self.handle, "save_without_waiting", None)
+        if at_once is None or not at_once(self.state):
+            await shielded(self.handle.save(self.state))
         faults.point(f"loop.saved.{label}")
 
     def emit(self, kind: EventKind, **data: Any) -> None:

@@ -19,7 +19,13 @@ __all__ = ["RunHandle", "Store"]
 
 @runtime_checkable
 class RunHandle(Protocol):
-    """Exclusive ownership of one run, from open to close."""
+    """Exclusive ownership of one run, from open to close.
+
+    A handle may also have ``save_without_waiting(state) -> bool``: save at once,
+    synchronously, when its store's saves wait for nothing (the file stores with
+    ``sync=False``), and say whether it did; the agent's loop tries it before
+    awaiting :meth:`save`.
+    """
 
     @property
     def run_id(self) -> str:

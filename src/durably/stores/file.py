@@ -395,6 +395,20 @@ class FileRun:
         """Make ``state`` the run's durable state (crash-atomic; see the module docstring)."""
         await _off_the_loop(self._store.sync, self.save_sync, state)
 
+    def save_without_waiting(self, state: RunState) -> bool:
+        """Save ``state`` now if this store's saves wait for nothing; whether it did.
+
+        A store that does not sync writes to the page cache and returns, so the
+        agent's loop saves through this first, without the task and the shield
+        an awaited save needs (which cost more than such a save; a crash sweep
+        makes thousands). A store that syncs returns False at once, having done
+        nothing, and the loop awaits :meth:`save`.
+        """
+        if self._store.sync:
+            return False
+        self.save_sync(state)
+        return True
+
     async def close(self) -> None:
         """Release the lock (the lock file stays: deleting it would race a new opener)."""
         await _off_the_loop(self._store.sync, self.close_sync)
