@@ -1,13 +1,75 @@
-"""Fixtures shared by the foundation tests: a state directory and a file store on it."""
+"""Fixtures shared by the foundation tests, and time limits that stretch on a slow machine.
+
+pytest-timeout's limits here are guards against a hung test, never a measure of
+speed (speed is measured in ``benchmarks/``). A limit that held on a quiet machine
+can trip on a loaded one: the issue-39 report saw a power-loss sweep pass its 120 s
+at a load average of about 10. So every test's limit (the default and each
+``@pytest.mark.timeout``) is multiplied by a patience factor taken when the session
+starts: at least ``_FLOOR``, more when a fixed piece of Python runs slower than it does
+on a quiet machine of the reference kind, or when the load average says the cores
+are already busy. ``DURABLY_TEST_PATIENCE`` sets the factor by hand.
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from durably.stores.file import FileStore
+
+_FLOOR = 3.0
+_CEILING = 20.0
+# Best of five rounds of _work() on the reference machine (2 cores, quiet), 2026-12-02.
+_REFERENCE_SECONDS = 0.030
+
+
+def _work() -> float:
+    """Seconds one fixed piece of pure Python takes on this machine now."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(1_000_000):
+        total += i * i
+    return time.perf_counter() - started
+
+
+def patience() -> float:
+    """How many times longer than on a quiet machine a test may take before it counts as hung."""
+    given = os.environ.get("DURABLY_TEST_PATIENCE")
+    if given:
+        return float(given)
+    slower = min(_work() for _ in range(5)) / _REFERENCE_SECONDS
+    busy = 1.0 + os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(_CEILING, max(_FLOOR, slower, busy))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Take the session's patience once, before any test runs."""
+    config.stash[_PATIENCE] = patience()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say by how much the time limits were stretched."""
+    factor = config.stash[_PATIENCE]
+    return f"time limits x{factor:.1f} (guards against hangs; DURABLY_TEST_PATIENCE)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Stretch every test's time limit by the session's patience."""
+    factor = config.stash[_PATIENCE]
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker is not None and marker.args else default
+        if limit > 0:
+            # Prepended, so it is the closest marker pytest-timeout reads.
+            item.add_marker(pytest.mark.timeout(limit * factor), append=False)
+
+
+_PATIENCE = pytest.StashKey[float]()
 
 
 @pytest.fixture

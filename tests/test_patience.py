@@ -1,0 +1,51 @@
+"""The suite's time limits stretch by the session's patience (tests/conftest.py, issue 39)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+SLEEPER = """
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(1)
+def test_sleeps_three_seconds():
+    time.sleep(3)
+"""
+
+
+def pytest_in(tmp_path: Path, patience: str) -> subprocess.CompletedProcess[str]:
+    """Run a one-test session under this suite's conftest with the patience given."""
+    shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    (tmp_path / "test_sleeper.py").write_text(SLEEPER)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "DURABLY_TEST_PATIENCE": patience},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_marked_limit_is_multiplied_by_the_patience(tmp_path: Path) -> None:
+    """1 s x 5 lets a 3 s test pass; the header says by how much limits were stretched."""
+    done = pytest_in(tmp_path, "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "time limits x5.0" in done.stdout
+
+
+def test_a_hang_is_still_caught_past_the_stretched_limit(tmp_path: Path) -> None:
+    """1 s x 2 is still shorter than the 3 s test: the guard against hangs holds."""
+    done = pytest_in(tmp_path, "2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Timeout (>2.0s)" in done.stdout
