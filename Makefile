@@ -8,6 +8,10 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
+# pipefail: a pip that fails fails the step, though its output is filtered.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+
 # The system step must finish before the virtualenv starts, even under `make -j`.
 .NOTPARALLEL:
 
@@ -18,10 +22,15 @@ system-demo:
 system-test:
 	scripts/system-deps test
 
+# Each step says what it does first: the install takes a minute or more on a fresh
+# machine, and a silent minute reads as a hang.
 $(BIN)/durably: pyproject.toml
+	@echo "[1/3] making the virtualenv $(VENV) with $(PY)"
 	$(PY) -m venv $(VENV)
+	@echo "[2/3] upgrading pip in $(VENV)"
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "[3/3] installing durably and its test dependencies into $(VENV) (a minute or two; pip's progress follows)"
+	$(BIN)/pip install -e '.[dev]' | { grep --line-buffered -E '^(Collecting|Installing|Successfully)' || true; }
 	touch $@
 
 demo: system-demo $(BIN)/durably
