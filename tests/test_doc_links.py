@@ -1,4 +1,4 @@
-"""Every link between the project's own pages leads somewhere: the file exists, and so does its heading."""
+"""Every link between the project's own pages leads to a file and a heading that exist."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 
 
 def anchors(page: Path) -> set[str]:
-    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    """The anchors GitHub gives a page's headings: lower case, no punctuation, '-' for spaces."""
     found: set[str] = set()
     for line in FENCE.sub("", page.read_text()).splitlines():
         if line.startswith("#"):
