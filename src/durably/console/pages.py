@@ -66,7 +66,8 @@ def _pre(text: str, *, whole: str, css: str = "") -> str:
     rest = len(text) - SHOWN
     return (
         f"<pre{attribute}>{e(text[:SHOWN])}</pre>"
-        f'<p class="cut">… {rest:,} more characters: <a href="{e(whole)}">the whole text</a></p>'
+        f'<p class="cut dim">… {rest:,} more characters: '
+        f'<a href="{e(whole)}">the whole text</a></p>'
     )
 
 
@@ -466,7 +467,8 @@ def _task(page: Page, state: RunState) -> str:
     first = state.task[:300].splitlines()[0]
     link = ""
     if first != state.task:
-        link = f' <a class="cut" href="{e(_whole(page, state.run_id, "task"))}">the whole task</a>'
+        href = e(_whole(page, state.run_id, "task"))
+        link = f' <a class="cut dim" href="{href}">the whole task</a>'
     return f"<pre>{e(first)}</pre>{link}"
 
 
