@@ -647,15 +647,18 @@ def test_the_console_lists_runs_and_questions_from_the_summaries(
         raise AssertionError(f"{run_id} was loaded whole")
 
     monkeypatch.setattr(JournalStore, "read_sync", refused)
+    root = "/t/" + "t" * 32 + "/"
     app = create_app(StoreChoice(directory=runs), token="t" * 32)
     with TestClient(app, base_url="http://127.0.0.1") as client:
-        page = client.get("/").text
-        paused = client.get("/", params={"phase": "paused"}).text
-        asked = client.get("/questions").text
+        page = client.get(root).text
+        paused = client.get(root, params={"phase": "paused"}).text
+        asked = client.get(f"{root}questions").text
+        stamp = client.get(f"{root}runs/run-4", params={"stamp": "1"})  # a poll loads no run
+    assert stamp.status_code == 200
     for n in range(6):
-        assert f'href="/runs/run-{n}"' in page
-    assert 'href="/runs/run-4"' in paused
-    assert 'href="/runs/run-0"' not in paused
+        assert f'href="{root}runs/run-{n}"' in page
+    assert f'href="{root}runs/run-4"' in paused
+    assert f'href="{root}runs/run-0"' not in paused
     assert "<td>2</td></tr>" in paused  # run-4's two waiting questions
     assert "Open questions (2)" in asked
     assert "c5-0" in asked

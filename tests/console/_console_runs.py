@@ -7,6 +7,7 @@ from pathlib import Path
 
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.decisions import AskLater
+from durably.state import AssistantMessage, ToolCall
 from durably.stores.file import FileStore
 
 RUN = "refund-1"
@@ -37,3 +38,53 @@ def paused_run(runs: Path) -> None:
     """A run whose model wrote markup, paused on an approval whose arguments hold markup too."""
     agent = agent_for(runs)
     assert asyncio.run(agent.run(f"refund {HOSTILE}", run_id=RUN)).status == "paused"
+
+
+LONG = "long-1"
+
+
+def long_run(runs: Path, size: int) -> None:
+    """A finished run whose task, arguments, tool result and reply are each ``size`` characters."""
+
+    @tool(effect=Effect.READ)
+    async def look(ctx: ToolContext, query: str) -> str:
+        """Look something up."""
+        return "r" * size
+
+    model = ScriptedModel(
+        [
+            Reply(text="t" * size, calls=[Call(id="c1", name="look", arguments=_arguments(size))]),
+            Reply(text="a" * size),
+        ]
+    )
+    agent = Agent(model=model, tools=[look], store=FileStore(runs))
+    assert asyncio.run(agent.run("k" * size, run_id=LONG)).status == "done"
+
+
+def _arguments(size: int) -> str:
+    return '{"query": "' + "q" * size + '"}'
+
+
+def many_calls_run(runs: Path, turns: int) -> None:
+    """A finished run of ``turns`` replies of five small calls each: a page long to render.
+
+    Rendering it costs Python work per call (escaping, keys, pretty arguments) far
+    above what loading it costs, as a run of many turns does.
+    """
+    long_run(runs, 10)
+    store = FileStore(runs)
+    handle, state = store.open_sync(LONG)
+    arguments = '{"a": [1, 2, {"b": 3}]}'
+    replies = [
+        AssistantMessage(
+            text=f"turn {n}",
+            turn=n,
+            calls=tuple(
+                ToolCall(id=f"k{n}-{j}", name="look", arguments=arguments) for j in range(5)
+            ),
+        )
+        for n in range(turns)
+    ]
+    state.messages = [*state.messages, *replies]
+    handle.save_sync(state)
+    handle.close_sync()

@@ -10,14 +10,16 @@ without a reload. Screenshots are saved under the directory the test prints
 from __future__ import annotations
 
 import os
-import select
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from _console_process import DURABLY, Console
 from _console_runs import HOSTILE, RUN, paused_run
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -30,7 +32,6 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-DURABLY = [sys.executable, "-m", "durably"]
 
 
 def durably(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -62,35 +63,6 @@ def shots(tmp_path: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {root}")
     return root
-
-
-class Console:
-    """``durably console`` in its own process; ``url`` carries the write token."""
-
-    def __init__(self, cwd: Path, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "DURABLY_DSN"}
-        self.process = subprocess.Popen(
-            [*DURABLY, "console", *args, "--port", "0"],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 30)
-        assert ready, "the console printed no address"
-        line = self.process.stdout.readline()
-        assert "http://" in line, line
-        self.url = line[line.index("http://") :].strip()
-        self.base = self.url.split("?", 1)[0].rstrip("/")
-
-    def stop(self) -> None:
-        """Stop the console and close its output."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        assert self.process.stdout is not None
-        self.process.stdout.close()
 
 
 @pytest.fixture
@@ -133,7 +105,7 @@ def test_a_person_approves_the_demo_in_the_console_and_watches_it_finish(
     console = start_console(tmp_path, "--state", "st")
 
     # The questions page lists the waiting approval, with its arguments and forms.
-    browser.get(console.url)  # the printed address: it hands the browser the write token
+    browser.get(console.url)  # the printed address: the only way in
     browser.get(f"{console.base}/questions")
     wait_for(browser, "main h1", "Open questions (1)")
     question = browser.find_element(By.CSS_SELECTOR, ".question")
@@ -194,18 +166,17 @@ def test_a_stale_answer_and_a_forged_one_are_refused_in_the_browser(
     wait_for(browser, "[role=alert]", "answer not saved: it was already answered (approved)")
     full_page(browser, shots / "stale-answer.png")
 
-    # A form that does not carry the token (another site, a stale tab) gets 403.
+    # A form posted to an address without the token (another site, an old tab) gets 403.
     browser.execute_script(
         "const f = document.createElement('form'); f.method = 'post';"
         "f.action = arguments[0];"
         "for (const [k, v] of [['call', arguments[1]], ['answer', 'no'], ['token', 'guess']]) {"
         "  const i = document.createElement('input'); i.name = k; i.value = v; f.append(i); }"
         "document.body.append(f); f.submit();",
-        f"/runs/{run_id}/answer",
+        f"/t/guess/runs/{run_id}/answer",
         call,
     )
-    WebDriverWait(browser, 45).until(lambda d: "403" in d.page_source)
-    assert "answers need the console" in browser.page_source
+    WebDriverWait(browser, 45).until(lambda d: "carry the console's token" in d.page_source)
 
 
 def test_markup_from_the_model_is_shown_as_text_in_the_browser(
@@ -221,3 +192,63 @@ def test_markup_from_the_model_is_shown_as_text_in_the_browser(
     assert browser.title != "owned"
     assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "pre.reply").text
     assert browser.find_elements(By.CSS_SELECTOR, "main script, main img") == []
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Another user's server on another loopback port: keeps the headers of every request."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        _Recorder.seen.append(dict(self.headers.items()))
+        body = b"<!doctype html><title>elsewhere</title><h1>elsewhere</h1>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test reads ``seen``."""
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[str]:
+    """The address of a server on another port of 127.0.0.1, recording what it receives."""
+    _Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_other_port_of_the_host_receives_the_token(
+    tmp_path: Path, browser: WebDriver, start_console: type[Console], elsewhere: str
+) -> None:
+    """The console sets no cookie, so a server on another loopback port never sees the token."""
+    paused_run(tmp_path / "runs")
+    console = start_console(tmp_path, "runs")
+    token = console.url.rstrip("/").rsplit("/", 1)[1]
+
+    browser.get(console.url)
+    browser.get(f"{console.base}/runs/{RUN}")
+    wait_for(browser, "main h1", RUN)
+    assert browser.get_cookies() == []
+    # A link followed from a console page (same site: cookies ignore ports), then the
+    # other server's address typed in; each request is what another user's server gets.
+    browser.execute_script("window.location.href = arguments[0]", elsewhere + "from-a-link")
+    wait_for(browser, "h1", "elsewhere")
+    browser.get(elsewhere + "typed")
+    wait_for(browser, "h1", "elsewhere")
+
+    assert {h.get("Host") for h in _Recorder.seen} == {elsewhere[7:-1]}
+    assert len(_Recorder.seen) >= 2
+    for headers in _Recorder.seen:
+        assert not any(token in value for value in headers.values()), headers
+        assert not any(n.lower() == "cookie" and "durably" in v for n, v in headers.items())
+    browser.get(f"{console.base}/questions")
+    assert browser.get_cookies() == []

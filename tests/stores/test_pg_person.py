@@ -131,9 +131,9 @@ def test_the_console_answers_a_run_in_postgres(pg_dsn: str) -> None:
     asyncio.run(start())
     app = create_app(StoreChoice(dsn=pg_dsn), token="t")  # noqa: S106 (a test token)
     with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
-        assert 'data-call="c1"' in client.get("/questions").text
-        response = client.post(
-            "/runs/pg-run/answer", data={"call": "c1", "answer": "yes", "token": "t"}
-        )
+        assert 'data-call="c1"' in client.get("/t/t/questions").text
+        stamp = client.get("/t/t/runs/pg-run", params={"stamp": "1"}).text
+        response = client.post("/t/t/runs/pg-run/answer", data={"call": "c1", "answer": "yes"})
         assert response.status_code == 303
+        assert client.get("/t/t/runs/pg-run", params={"stamp": "1"}).text != stamp
     assert claimable(pg_dsn, "pg-run")

@@ -2,9 +2,12 @@
 
 Text from the model, the tools and the task reaches the page only through
 :func:`e` (``html.escape`` with quotes), so a reply that contains ``<script>``
-shows as text. The pages load one script, ``/static/console.js``, and the
+shows as text. The pages load one script, ``static/console.js``, and the
 server's Content-Security-Policy allows no other: even a missed escape could not
-run a script.
+run a script. Every link starts with the page's ``root`` (``/t/<token>/``, see
+:mod:`.server`). A text longer than :data:`SHOWN` characters is cut, with a link
+to the whole of it (:func:`whole_text`), so one long reply cannot make a page of
+hundreds of megabytes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,26 @@ from ..keys import idempotency_key
 from ..listing import RunSummary
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
-__all__ = ["FileCheck", "Page", "e", "questions_page", "run_page", "runs_page"]
+__all__ = [
+    "SHOWN",
+    "FileCheck",
+    "Page",
+    "e",
+    "error_page",
+    "locked_page",
+    "questions_page",
+    "questions_version",
+    "run_page",
+    "runs_page",
+    "runs_version",
+    "version_of",
+    "whole_text",
+]
+
+SHOWN = 20_000
+"""Characters of one text a page shows before the link to the whole: pages more than a
+screenful of text each are read through the link, and a 100 MB reply rendered whole
+took 23 s and 210 MB of HTML per poll (issue 31)."""
 
 
 def e(text: object) -> str:
@@ -36,18 +58,68 @@ def _pretty(arguments: str) -> str:
         return arguments
 
 
-def _block(text: str, *, label: str, css: str = "") -> str:
-    """Text in a ``<pre>``; long text folded in a ``<details>`` that opens on a click."""
-    lines = text.splitlines()
+def _pre(text: str, *, whole: str, css: str = "") -> str:
+    """Text in a ``<pre>``, cut at :data:`SHOWN` characters with a link to the whole (``whole``)."""
     attribute = f' class="{css}"' if css else ""
-    if len(lines) <= 8 and len(text) <= 600:
+    if len(text) <= SHOWN:
         return f"<pre{attribute}>{e(text)}</pre>"
+    rest = len(text) - SHOWN
+    return (
+        f"<pre{attribute}>{e(text[:SHOWN])}</pre>"
+        f'<p class="cut dim">… {rest:,} more characters: '
+        f'<a href="{e(whole)}">the whole text</a></p>'
+    )
+
+
+def _block(text: str, *, label: str, whole: str, css: str = "") -> str:
+    """Text in a ``<pre>``; long text folded in a ``<details>`` that opens on a click."""
+    head = text[: SHOWN + 1]  # a line count of the part shown, not of 100 MB
+    lines = head.splitlines()
+    if len(lines) <= 8 and len(text) <= 600:
+        return _pre(text, whole=whole, css=css)
     first = (lines[0] if lines else "")[:120]
-    count = f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
+    count = (
+        f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
+        if len(text) <= SHOWN
+        else f"{len(text):,} characters"
+    )
     return (
         f'<details><summary><code>{e(first)}</code> <span class="dim">… {e(label)}, '
-        f"{count}</span></summary><pre{attribute}>{e(text)}</pre></details>"
+        f"{count}</span></summary>{_pre(text, whole=whole, css=css)}</details>"
     )
+
+
+def _arguments(arguments: str) -> str:
+    """Arguments as the page shows them: pretty JSON, unless too long to show whole anyway."""
+    return _pretty(arguments) if len(arguments) <= SHOWN else arguments
+
+
+def whole_text(state: RunState, part: str) -> str | None:
+    """The whole of one text of a run that a page may cut, by its ``part`` name; None: no such.
+
+    Parts: ``task``, ``answer``, ``summary``, ``message-<n>`` (the n-th message's text,
+    from 0) and ``arguments-<call ID>`` (as the model sent them).
+    """
+    simple = {"task": state.task, "answer": state.answer, "summary": state.summary}
+    if part in simple:
+        return simple[part]
+    kind, _, which = part.partition("-")
+    if kind == "message" and which.isdigit() and int(which) < len(state.messages):
+        message = state.messages[int(which)]
+        if isinstance(message, ToolResult):
+            return message.content
+        return message.text
+    if kind == "arguments":
+        for message in reversed(state.messages):
+            if isinstance(message, AssistantMessage):
+                for call in message.calls:
+                    if call.id == which:
+                        return call.arguments
+    return None
+
+
+def _whole(page: Page, run_id: str, part: str) -> str:
+    return f"{page.root}runs/{quote(run_id, safe='')}/text?part={quote(part, safe='')}"
 
 
 def _phase(phase: Phase | str) -> str:
@@ -56,10 +128,11 @@ def _phase(phase: Phase | str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Page:
-    """What every page shares: the store's name, the write token (None: no forms)."""
+    """What every page shares: the store's name, the root of every link, whether forms show."""
 
     store: str
-    token: str | None
+    root: str
+    """The start of every link: ``/t/<token>/`` (the token is the address's)."""
     read_only: bool
     notice: str | None = None
     """An error to show at the top (a refused answer), already worded for a person."""
@@ -78,6 +151,7 @@ class FileCheck:
 
 
 def _layout(page: Page, title: str, body: str, version: str) -> str:
+    root = e(page.root)
     notices = ""
     if page.notice:
         notices += f'<div class="notice error" role="alert">{e(page.notice)}</div>'
@@ -88,13 +162,25 @@ def _layout(page: Page, title: str, body: str, version: str) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)} · durably</title>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<link rel="stylesheet" href="/static/console.css"></head><body>'
-        '<header><strong>durably</strong><a href="/">runs</a>'
-        '<a href="/questions">questions</a>'
+        f'<link rel="stylesheet" href="{root}static/console.css"></head><body>'
+        f'<header><strong>durably</strong><a href="{root}">runs</a>'
+        f'<a href="{root}questions">questions</a>'
         f'<span class="store">{e(page.store)}'
         f"{' · read-only' if page.read_only else ''}</span></header>"
         f'<main data-version="{e(version)}">{notices}{body}</main>'
-        '<script src="/static/console.js"></script></body></html>'
+        f'<script src="{root}static/console.js"></script></body></html>'
+    )
+
+
+def locked_page() -> str:
+    """What an address without the console's token gets: how to open the console, nothing else."""
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8"><title>durably console</title></head>'
+        "<body><h1>durably console</h1><p>This address does not carry the console's token. "
+        "Open the address <code>durably console</code> printed when it started "
+        "(<code>http://HOST:PORT/t/…/</code>); the token changes at every start.</p>"
+        "</body></html>"
     )
 
 
@@ -105,6 +191,18 @@ def version_of(states: Iterable[RunState | RunSummary]) -> str:
         stamp = state.saved_at.isoformat() if state.saved_at else ""
         digest.update(f"{state.run_id}|{state.phase}|{stamp}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def runs_version(runs: Sequence[RunSummary], problems: Sequence[str], phase: str | None) -> str:
+    """The version of the runs page (:func:`runs_page`), also its poll's change stamp."""
+    shown = [s for s in runs if phase is None or s.phase == phase]
+    return version_of(shown) + str(len(problems))
+
+
+def questions_version(runs: Sequence[RunSummary]) -> str:
+    """The version of the questions page (:func:`questions_page`), also its poll's stamp."""
+    waiting = [s for s in runs if s.questions]
+    return version_of(waiting) + str(sum(len(s.questions) for s in waiting))
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -118,7 +216,7 @@ def runs_page(
     filters = ['<p class="filters">phase: ']
     for name in (None, *[str(p) for p in Phase]):
         label = name or "all"
-        href = "/" if name is None else f"/?phase={quote(name)}"
+        href = page.root if name is None else f"{page.root}?phase={quote(name)}"
         current = ' aria-current="page"' if name == phase else ""
         filters.append(f'<a href="{e(href)}"{current}>{e(label)}</a>')
     filters.append("</p>")
@@ -127,7 +225,7 @@ def runs_page(
         waiting = len(state.questions)
         rows.append(
             "<tr>"
-            f'<td><a href="/runs/{e(quote(state.run_id))}">{e(state.run_id)}</a></td>'
+            f'<td><a href="{e(page.root)}runs/{e(quote(state.run_id))}">{e(state.run_id)}</a></td>'
             f"<td>{_phase(state.phase)}</td>"
             f"<td>{state.turns}</td>"
             f"<td>${state.dollars:.4f}</td>"
@@ -143,7 +241,7 @@ def runs_page(
     )
     broken = "".join(f'<div class="notice error">{e(p)}</div>' for p in problems)
     body = f"<h1>Runs</h1>{''.join(filters)}{broken}{table}"
-    return _layout(page, "runs", body, version_of(shown) + str(len(problems)))
+    return _layout(page, "runs", body, runs_version(runs, problems, phase))
 
 
 # -- questions ----------------------------------------------------------------------------
@@ -164,11 +262,11 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
         + "</span>"
     )
     if with_run:
-        head += (
-            f'<div>run <a href="/runs/{e(quote(question.run_id))}">{e(question.run_id)}</a></div>'
-        )
+        link = f"{page.root}runs/{quote(question.run_id)}"
+        head += f'<div>run <a href="{e(link)}">{e(question.run_id)}</a></div>'
     why = f"<div>why a person: {e(question.why)}</div>" if question.why else ""
-    args = f"<pre>{e(_pretty(question.arguments))}</pre>"
+    whole = _whole(page, question.run_id, f"arguments-{question.call_id}")
+    args = _pre(_arguments(question.arguments), whole=whole)
     return (
         f'<div class="question" id="q-{e(question.call_id)}" data-run="{e(question.run_id)}" '
         f'data-call="{e(question.call_id)}">{head}{why}{args}{_forms(page, question)}</div>'
@@ -178,16 +276,9 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
 def _forms(page: Page, question: Question) -> str:
     if page.read_only:
         return '<div class="dim">read-only console: answer with `durably answer`</div>'
-    if page.token is None:
-        return (
-            '<div class="dim">to answer, open the address the console printed at start '
-            "(it carries the write token)</div>"
-        )
-    action = f"/runs/{e(quote(question.run_id))}/answer"
-    hidden = (
-        f'<input type="hidden" name="token" value="{e(page.token)}">'
-        f'<input type="hidden" name="call" value="{e(question.call_id)}">'
-    )
+    # The token is the address's own (page.root): the form needs no field for it.
+    action = e(f"{page.root}runs/{quote(question.run_id)}/answer")
+    hidden = f'<input type="hidden" name="call" value="{e(question.call_id)}">'
     if question.kind == "approve":
         return (
             f'<form method="post" action="{action}">{hidden}'
@@ -214,7 +305,7 @@ def questions_page(page: Page, runs: Sequence[RunSummary], problems: Sequence[st
     body = f"<h1>Open questions ({len(blocks)})</h1>{broken}" + (
         "".join(blocks) or '<p class="dim">nothing waits for a person</p>'
     )
-    return _layout(page, "questions", body, version_of(waiting) + str(len(blocks)))
+    return _layout(page, "questions", body, questions_version(runs))
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -248,43 +339,48 @@ def _spend_chart(state: RunState) -> str:
     )
 
 
-def _timeline(state: RunState) -> str:
+def _timeline(page: Page, state: RunState) -> str:
     effects = {t.name: str(t.effect) for t in state.fingerprint.tools} if state.fingerprint else {}
-    results: dict[str, ToolResult] = {
-        m.call_id: m for m in state.messages if isinstance(m, ToolResult)
+    results: dict[str, tuple[int, ToolResult]] = {
+        m.call_id: (n, m) for n, m in enumerate(state.messages) if isinstance(m, ToolResult)
     }
     parts = []
+
+    def whole(part: str) -> str:
+        return _whole(page, state.run_id, part)
+
     if state.summary:
         parts.append(
             f'<div class="turn"><div class="meta">summary of {state.summarized} earlier '
-            f"messages</div><pre>{e(state.summary)}</pre></div>"
+            f"messages</div>{_pre(state.summary, whole=whole('summary'))}</div>"
         )
-    for message in state.messages:
+    for n, message in enumerate(state.messages):
         if isinstance(message, UserMessage):
-            parts.append(
-                f'<div class="turn"><div class="meta">user</div><pre>{e(message.text)}</pre></div>'
-            )
+            text = _pre(message.text, whole=whole(f"message-{n}"))
+            parts.append(f'<div class="turn"><div class="meta">user</div>{text}</div>')
         elif isinstance(message, AssistantMessage):
             calls = "".join(
-                _call(state, c.id, c.name, c.arguments, effects, results) for c in message.calls
+                _call(page, state, c.id, c.name, c.arguments, effects, results)
+                for c in message.calls
             )
             usage = message.usage
             parts.append(
                 f'<div class="turn" id="turn-{message.turn}"><div class="meta">turn '
                 f"{message.turn} · {e(message.model or '')} · {usage.input_tokens} in / "
                 f"{usage.output_tokens} out · ${message.dollars:.4f}</div>"
-                f'<pre class="reply">{e(message.text or "")}</pre>{calls}</div>'
+                f"{_pre(message.text or '', whole=whole(f'message-{n}'), css='reply')}{calls}</div>"
             )
     return "".join(parts)
 
 
 def _call(
+    page: Page,
     state: RunState,
     call_id: str,
     name: str,
     arguments: str,
     effects: Mapping[str, str],
-    results: Mapping[str, ToolResult],
+    results: Mapping[str, tuple[int, ToolResult]],
 ) -> str:
     effect = effects.get(name, "")
     marker = state.markers.get(call_id)
@@ -292,7 +388,11 @@ def _call(
         f'<div><code>{e(name)}</code> <span class="effect-{e(effect)}">{e(effect)}</span> '
         f'<span class="dim">{e(call_id)} · key {e(idempotency_key(state.run_id, call_id))}'
         "</span></div>",
-        _block(_pretty(arguments), label="arguments"),
+        _block(
+            _arguments(arguments),
+            label="arguments",
+            whole=_whole(page, state.run_id, f"arguments-{call_id}"),
+        ),
     ]
     if marker is not None:
         lines.append(
@@ -315,11 +415,14 @@ def _call(
     pending = state.pending.get(call_id)
     if pending is not None:
         lines.append("<div><strong>waiting for a person</strong> (see the questions above)</div>")
-    result = results.get(call_id)
-    if result is not None:
+    found = results.get(call_id)
+    if found is not None:
+        n, result = found
         label = "error" if result.is_error else "result"
+        whole = _whole(page, state.run_id, f"message-{n}")
         lines.append(
-            f'<div class="dim">{label}</div>' + _block(result.content, label=label, css="result")
+            f'<div class="dim">{label}</div>'
+            + _block(result.content, label=label, whole=whole, css="result")
         )
     doubt = " in-doubt" if marker is not None else ""
     return f'<div class="call{doubt}" id="call-{e(call_id)}">{"".join(lines)}</div>'
@@ -357,11 +460,23 @@ def _files(checks: Sequence[FileCheck] | None) -> str:
     )
 
 
+def _task(page: Page, state: RunState) -> str:
+    """The task's first line, at most 300 characters, with a link when that is not all of it."""
+    if not state.task:
+        return "<pre>-</pre>"
+    first = state.task[:300].splitlines()[0]
+    link = ""
+    if first != state.task:
+        href = e(_whole(page, state.run_id, "task"))
+        link = f' <a class="cut dim" href="{href}">the whole task</a>'
+    return f"<pre>{e(first)}</pre>{link}"
+
+
 def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) -> str:
     """One run: facts, open questions, spend, timeline, workspace files."""
     facts = [
         ("phase", _phase(state.phase)),
-        ("task", f"<pre>{e(state.task.splitlines()[0][:300] if state.task else '-')}</pre>"),
+        ("task", _task(page, state)),
         ("turns", str(state.turns)),
         (
             "spent",
@@ -375,7 +490,8 @@ def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) ->
     if state.stop_reason:
         facts.append(("stopped", e(state.stop_reason)))
     if state.answer is not None:
-        facts.append(("answer", f'<pre class="answer">{e(state.answer)}</pre>'))
+        whole = _whole(page, state.run_id, "answer")
+        facts.append(("answer", _pre(state.answer, whole=whole, css="answer")))
     dl = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in facts)
     open_questions = questions(state)
     waiting = ""
@@ -391,7 +507,7 @@ def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) ->
     body = (
         f'<h1>{e(state.run_id)}</h1><dl class="facts">{dl}</dl>{waiting}'
         f"<h2>Spend</h2>{_spend_chart(state)}"
-        f"<h2>Timeline</h2>{_timeline(state)}"
+        f"<h2>Timeline</h2>{_timeline(page, state)}"
         f"<h2>Workspace files</h2>{_files(checks)}"
     )
     return _layout(page, state.run_id, body, version_of([state]))

@@ -1,21 +1,30 @@
-"""The console's routes, its write token, and the uvicorn server that runs it.
+"""The console's routes, its token, and the uvicorn server that runs it.
 
-Reading needs nothing; answering needs the token the console prints at start
-(in the address it prints). Opening that address once stores the token in a
-``SameSite=Strict`` cookie so the pages render their forms; each form carries
-the token in a hidden field, and a POST without it is refused (403), so another
-site cannot answer through the person's browser. ``read_only`` registers no
-write route at all. Only the hosts the console was started for are served
-(a DNS-rebinding page cannot read it), and the Content-Security-Policy allows
-the console's own script only.
+Every address the console serves starts with ``/t/<token>/``, the token printed
+at start (new at every start): the pages, their polls, the whole texts, the
+static files and the answer route. Any other address gets a page that says to
+open the printed one, and nothing of a run (another local user can reach
+127.0.0.1 too). The token is kept in no cookie: cookies ignore ports, so one
+would reach every other server on the host. Links are written with the prefix,
+forms post under it (another site cannot answer without the token), and the
+access log shows ``/t/…/`` instead of it. ``read_only`` registers no write
+route at all. Only the hosts the console was started for are served (a
+DNS-rebinding page cannot read it), and the Content-Security-Policy allows the
+console's own script only.
+
+Pages are rendered in a worker thread, so a long run does not stop the event
+loop, and the open page polls a change stamp (``?stamp=1``, a few bytes) and
+fetches itself again only when the stamp changed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
 import secrets
 import socket
@@ -29,20 +38,41 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decisions import answer, parse_answer
 from ..errors import AnswerRefused, DurablyError, InvalidRunId, OwnershipError, RunNotFound
-from ..listing import RunSummary, list_runs
+from ..listing import RunSummary, list_runs, summarize
+from ..state import RunState
 from ..storechoice import StoreChoice, opened_store
 from ..stores import Store
-from .pages import FileCheck, Page, error_page, questions_page, run_page, runs_page
+from ..stores.directory import DirectoryStore
+from .pages import (
+    FileCheck,
+    Page,
+    error_page,
+    locked_page,
+    questions_page,
+    questions_version,
+    run_page,
+    runs_page,
+    runs_version,
+    version_of,
+    whole_text,
+)
 
-__all__ = ["create_app", "serve"]
+__all__ = ["HEADER_TIMEOUT", "MAX_CONNECTIONS", "create_app", "serve"]
 
-_COOKIE = "durably_console"
+HEADER_TIMEOUT = 10.0
+"""Seconds a connection has to send a whole request: a browser on loopback sends its
+request at once; a half-sent one must not hold a descriptor (issue 31)."""
+MAX_CONNECTIONS = 64
+"""Open connections at most: a browser opens about six per host, so room for many
+tabs and scripts, and a bound on the descriptors another local user can take."""
+
 _HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -54,14 +84,41 @@ _HEADERS = {
 }
 
 
-def _cookie(request: Request) -> str:
-    # Cookies are shared by every port of a host: two consoles on one machine must not
-    # overwrite each other's token, so the name carries the port.
-    return f"{_COOKIE}_{request.url.port or 80}"
-
-
 def _html(text: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(text, status_code=status, headers=_HEADERS)
+
+
+def _plain(text: str, status: int = 200) -> PlainTextResponse:
+    return PlainTextResponse(text, status_code=status, headers=_HEADERS)
+
+
+class _TokenGate:
+    """Serves ``/t/<token>/...`` to the app below (as its root path), and nothing else.
+
+    Every other address, a wrong token included, gets :func:`locked_page` (403)
+    before any route runs: no page, poll, text or static file without the token.
+    """
+
+    def __init__(self, app: ASGIApp, *, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        given, slash, _ = path[3:].partition("/") if path.startswith("/t/") else ("", "", "")
+        known = hmac.compare_digest(given.encode(), self.token)
+        if known and not slash:
+            response: Response = RedirectResponse(path + "/", status_code=307, headers=_HEADERS)
+        elif known:
+            scope = {**scope, "root_path": scope.get("root_path", "") + "/t/" + given}
+            await self.app(scope, receive, send)
+            return
+        else:
+            response = _html(locked_page(), 403)
+        await response(scope, receive, send)
 
 
 def _check_files(root: Path, recorded: dict[str, str]) -> list[FileCheck]:
@@ -80,6 +137,26 @@ def _check_files(root: Path, recorded: dict[str, str]) -> list[FileCheck]:
     return checks
 
 
+def _saved(state: RunState, call_id: str | None) -> str | None:
+    """The "answer saved" notice for ``call_id``, only when the run holds an answer to it.
+
+    The notice is worded from the decision in the store, never from the address:
+    ``?saved=`` naming anything else shows nothing (issue 31).
+    """
+    if not call_id:
+        return None
+    decision = state.decisions.get(call_id) or state.approvals_given.get(call_id)
+    if decision is not None:
+        text = "approved" if decision.approved else "refused"
+        return f"answer to {call_id} saved: {text}" + (f" by {decision.by}" if decision.by else "")
+    resolution = state.resolutions.get(call_id)
+    if resolution is not None and resolution.step == 3:
+        return f"answer to {call_id} saved: {resolution.outcome}" + (
+            f" by {resolution.by}" if resolution.by else ""
+        )
+    return None
+
+
 def create_app(
     choice: StoreChoice,
     *,
@@ -92,7 +169,7 @@ def create_app(
 
     Args:
         choice: the store.
-        token: the secret a write must carry.
+        token: the secret every address carries (``/t/<token>/``).
         read_only: serve no write route.
         workspace: where a run's workspace is, with ``{run}`` for the run ID; None
             when unknown (the files are listed, not checked).
@@ -107,24 +184,12 @@ def create_app(
             yield
 
     def page(request: Request, **extra: Any) -> Page:
-        given = request.query_params.get("token") or request.cookies.get(_cookie(request)) or ""
-        known = hmac.compare_digest(given.encode(), token.encode())
         return Page(
             store=choice.describe(),
-            token=token if known and not read_only else None,
+            root=request.scope.get("root_path", "") + "/",
             read_only=read_only,
             **extra,
         )
-
-    def respond(request: Request, text: str, status: int = 200) -> Response:
-        response = _html(text, status)
-        if (
-            not read_only
-            and request.query_params.get("token")
-            and hmac.compare_digest(request.query_params["token"].encode(), token.encode())
-        ):
-            response.set_cookie(_cookie(request), token, httponly=True, samesite="strict", path="/")
-        return response
 
     async def states() -> tuple[list[RunSummary], list[str]]:
         # The runs' summaries: through the listing index on a file store, so a
@@ -134,23 +199,39 @@ def create_app(
         found = sorted(listed.summaries, key=lambda s: s.created_at, reverse=True)
         return found, problems
 
+    def stamp_asked(request: Request) -> bool:
+        return "stamp" in request.query_params
+
     async def runs(request: Request) -> Response:
         phase = request.query_params.get("phase") or None
         found, problems = await states()
-        return respond(request, runs_page(page(request), found, problems, phase))
+        if stamp_asked(request):
+            return _plain(runs_version(found, problems, phase))
+        text = await asyncio.to_thread(runs_page, page(request), found, problems, phase)
+        return _html(text)
 
     async def open_questions(request: Request) -> Response:
         found, problems = await states()
-        return respond(request, questions_page(page(request), found, problems))
+        if stamp_asked(request):
+            return _plain(questions_version(found))
+        return _html(await asyncio.to_thread(questions_page, page(request), found, problems))
 
-    async def one_run(request: Request, **extra: Any) -> Response:
-        run_id = request.path_params["run_id"]
-        try:
-            state = await stores[0].read(run_id)
-        except (RunNotFound, InvalidRunId) as exc:
-            return respond(request, error_page(page(request), "no such run", str(exc)), 404)
-        except DurablyError as exc:
-            return respond(request, error_page(page(request), "unreadable run", str(exc)), 500)
+    async def run_stamp(run_id: str) -> str:
+        # What the run page's version is made of (phase, last save) without loading the
+        # run: a file store's listing index has it, so polling a 100 MB run reads nothing.
+        if isinstance(stores[0], DirectoryStore):
+            listed = await list_runs(stores[0])
+            summary = next((s for s in listed.summaries if s.run_id == run_id), None)
+        else:
+            try:
+                summary = summarize(await stores[0].read(run_id))
+            except (RunNotFound, InvalidRunId):
+                summary = None
+        return "error" if summary is None else version_of([summary])
+
+    def render_run(shown: Page, state: RunState) -> str:
+        # In a worker thread: hashing workspace files and rendering a long run take time.
+        run_id = state.run_id
         checks = None
         if state.workspace and workspace is not None:
             checks = _check_files(Path(workspace.replace("{run}", run_id)), state.workspace)
@@ -159,14 +240,23 @@ def create_app(
                 FileCheck(path=p, recorded=d, status="not checked")
                 for p, d in sorted(state.workspace.items())
             ]
-        status = 409 if extra.get("notice") else 200
-        return respond(request, run_page(page(request, **extra), state, checks), status)
+        return run_page(shown, state, checks)
+
+    async def one_run(request: Request, *, notice: str | None = None) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            state = await stores[0].read(run_id)
+        except (RunNotFound, InvalidRunId) as exc:
+            return _html(error_page(page(request), "no such run", str(exc)), 404)
+        except DurablyError as exc:
+            return _html(error_page(page(request), "unreadable run", str(exc)), 500)
+        saved = None if notice else _saved(state, request.query_params.get("saved"))
+        shown = page(request, notice=notice, saved=saved)
+        text = await asyncio.to_thread(render_run, shown, state)
+        return _html(text, 409 if notice else 200)
 
     async def answer_route(request: Request) -> Response:
         form = await request.form()
-        given = str(form.get("token") or "")
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return _html("<h1>403</h1><p>answers need the console's token</p>", 403)
         run_id = request.path_params["run_id"]
         call_id = str(form.get("call") or "")
         word = str(form.get("answer") or "")
@@ -184,17 +274,32 @@ def create_app(
                 request,
                 notice="answer not saved: another process holds the run right now; try again",
             )
-        target = f"/runs/{quote(run_id)}?saved={quote(call_id)}"
+        target = f"{page(request).root}runs/{quote(run_id)}?saved={quote(call_id)}"
         return RedirectResponse(target, status_code=303, headers=_HEADERS)
 
     async def run_route(request: Request) -> Response:
-        saved = request.query_params.get("saved")
-        return await one_run(request, saved=f"answer to {saved} saved" if saved else None)
+        if stamp_asked(request):
+            return _plain(await run_stamp(request.path_params["run_id"]))
+        return await one_run(request)
+
+    async def text_route(request: Request) -> Response:
+        # The whole of a text the page cut: plain text, which no browser runs.
+        run_id = request.path_params["run_id"]
+        part = request.query_params.get("part", "")
+        try:
+            state = await stores[0].read(run_id)
+        except (RunNotFound, InvalidRunId) as exc:
+            return _plain(f"no such run: {exc}", 404)
+        text = whole_text(state, part)
+        if text is None:
+            return _plain(f"run {run_id} has no text {part!r}", 404)
+        return _plain(text)
 
     routes: list[Route | Mount] = [
         Route("/", runs),
         Route("/questions", open_questions),
         Route("/runs/{run_id}", run_route),
+        Route("/runs/{run_id}/text", text_route),
         Mount(
             "/static",
             app=StaticFiles(directory=Path(__file__).parent / "static"),
@@ -213,8 +318,25 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={DurablyError: store_failed},
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)),
+            Middleware(_TokenGate, token=token),
+        ],
     )
+
+
+class _Redact(logging.Filter):
+    """Writes ``…`` for the token in every record of uvicorn's logs (the access log's paths)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self.token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.token in message:
+            record.msg, record.args = message.replace(self.token, "…"), None
+        return True
 
 
 def _is_loopback(host: str) -> bool:
@@ -234,9 +356,24 @@ def serve(
     read_only: bool = False,
     workspace: str | None = None,
     say: Callable[[str], None] = print,
+    header_timeout: float = HEADER_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
-    """Bind, print the address (with the write token), and serve until interrupted."""
+    """Bind, print the address (it carries the token), and serve until interrupted.
+
+    Args:
+        choice: the store.
+        host: the address to listen on.
+        port: the port (0: any free one).
+        read_only: serve no write route.
+        workspace: as for :func:`create_app`.
+        say: where the address and warnings are written.
+        header_timeout: seconds a connection has to send a whole request.
+        max_connections: open connections at most.
+    """
     import uvicorn
+
+    from ._http import bounded_h11
 
     token = secrets.token_urlsafe(24)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -251,12 +388,24 @@ def serve(
     app = create_app(choice, token=token, read_only=read_only, workspace=workspace, hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
     if not _is_loopback(host):
-        say(f"warning: {host} is not a loopback address: anyone who can reach it can read runs")
+        say(
+            f"warning: {host} is not a loopback address: the address and its token travel "
+            "unencrypted, and whoever sees them can read runs and answer"
+        )
+    address = f"http://{shown}:{bound}/t/{token}/"
     if read_only:
-        say(f"durably console (read-only) at http://{shown}:{bound}/")
+        say(f"durably console (read-only) at {address}")
+        say("open that address: it carries the console's token; Ctrl-C stops")
     else:
-        say(f"durably console at http://{shown}:{bound}/?token={token}")
-        say("answers need that address (it carries the write token); Ctrl-C stops")
+        say(f"durably console at {address}")
+        say("open that address: it carries the token that reading and answering need; Ctrl-C stops")
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level=os.environ.get("DURABLY_CONSOLE_LOG", "warning"))
+    config = uvicorn.Config(
+        app,
+        log_level=os.environ.get("DURABLY_CONSOLE_LOG", "warning"),
+        http=bounded_h11(header_timeout=header_timeout, max_connections=max_connections),
+    )
+    redact = _Redact(token)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        logging.getLogger(name).addFilter(redact)
     uvicorn.Server(config).run(sockets=[sock])
