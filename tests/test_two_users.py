@@ -139,3 +139,80 @@ def test_a_forged_checkpoint_from_another_user_is_refused(mallory: str, shared: 
     assert f"({mallory}) with mode 0600" in resumed.stderr
     assert "checks passed" not in resumed.stdout
     assert checkpoint.read_bytes() == before
+
+
+PLANTED = (
+    "import pathlib\n"
+    "pathlib.Path(__file__).with_name('ran-as-the-victim').write_text('imported')\n"
+    "def agent():\n"
+    "    raise SystemExit('the planted factory ran')\n"
+)
+
+
+def durably_in(cwd: Path, *args: str, script: bool) -> subprocess.CompletedProcess[str]:
+    """Run ``durably`` as the victim from ``cwd``: the installed script, or ``python -m``."""
+    command = (
+        [str(Path(sys.executable).with_name("durably"))]
+        if script
+        else [
+            sys.executable,
+            "-m",
+            "durably",
+        ]
+    )
+    environment = {key: value for key, value in ENV.items() if key != "PYTHONPATH"}
+    return subprocess.run(
+        [*command, *args],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("script", [True, False], ids=["durably script", "python -m durably"])
+def test_code_another_user_planted_in_the_current_directory_is_never_imported(
+    mallory: str, shared: Path, script: bool
+) -> None:
+    """``resume --agent`` and ``worker``/``submit --import`` run from a directory others can
+    write import nothing from it, and say how to name the code's directory; from the
+    person's own directory the same commands import the agent (issue 31, item 3).
+    """
+    planted = as_user(mallory, f"cat > {shared}/planted_agent.py <<'EOF'\n{PLANTED}EOF\n")
+    assert planted.returncode == 0, planted.stderr
+    marker = shared / "ran-as-the-victim"
+    for command in (
+        ["resume", "some-run", "runs", "--agent", "planted_agent:agent"],
+        ["worker", "--dsn", "postgresql:///nowhere", "--import", "planted_agent"],
+        ["submit", "--dsn", "postgresql:///nowhere", "--agent", "x", "--import", "planted_agent"],
+    ):
+        result = durably_in(shared, *command, script=script)
+        assert result.returncode == EXIT["usage"], result.stdout + result.stderr
+        assert "cannot import 'planted_agent'" in result.stderr
+        assert "the current directory is not imported from" in result.stderr
+        assert "PYTHONPATH=DIR" in result.stderr
+        assert not marker.exists(), command
+
+    own = Path(tempfile.mkdtemp(prefix="durably-own-"))  # 0700, the victim's
+    try:
+        (own / "planted_agent.py").write_text(PLANTED)
+        for command in (
+            ["resume", "some-run", "runs", "--agent", "planted_agent:agent"],
+            [
+                "submit",
+                "--dsn",
+                "postgresql:///nowhere",
+                "--agent",
+                "x",
+                "--import",
+                "planted_agent",
+            ],
+        ):
+            (own / "ran-as-the-victim").unlink(missing_ok=True)
+            result = durably_in(own, *command, script=script)
+            assert (own / "ran-as-the-victim").exists(), result.stdout + result.stderr
+    finally:
+        shutil.rmtree(own, ignore_errors=True)

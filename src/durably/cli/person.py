@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .._exit import EXIT, print_error
 from ..storechoice import StoreChoice, opened_store
 from ._args import positive_int
+from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
     # Only for annotations: `durably --help` must not pay for asyncio, rich or the
@@ -66,7 +67,10 @@ def choose_store(args: argparse.Namespace) -> StoreChoice:
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
-    """The callable ``MODULE:NAME`` names, imported (the current directory is importable).
+    """The callable ``MODULE:NAME`` names, imported.
+
+    The current directory is importable only when it is the person's own and no one
+    else can write it (:mod:`._importpath`); otherwise a failed import says so.
 
     Raises:
         ValueError: the spec is malformed, the module cannot be imported, or the name
@@ -77,12 +81,12 @@ def load_factory(spec: str) -> Callable[..., Any]:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ValueError(f"--agent {spec!r}: write MODULE:FACTORY, e.g. myapp.agents:refunds")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    why_not_here = make_current_directory_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"--agent {spec!r}: cannot import {module_name!r}: {exc}") from exc
+        hint = f"; {why_not_here}" if why_not_here else ""
+        raise ValueError(f"--agent {spec!r}: cannot import {module_name!r}: {exc}{hint}") from exc
     factory = module
     for part in name.split("."):
         factory = getattr(factory, part, None)  # type: ignore[assignment]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._exit import EXIT, print_error
 from ._args import positive_amount, positive_int
+from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -19,11 +20,26 @@ if TYPE_CHECKING:
 __all__ = ["add_worker_commands"]
 
 
+def _imported(modules: list[str], errors: Console) -> bool:
+    """Import ``--import`` modules, from the current directory only if it is the person's own."""
+    from ..postgres.worker import import_agents
+
+    why_not_here = make_current_directory_importable()
+    try:
+        import_agents(modules)
+    except ValueError as exc:
+        print_error(errors, f"{exc}; {why_not_here}" if why_not_here else exc)
+        return False
+    return True
+
+
 def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
     from ..postgres.worker import serve
 
+    if not _imported(args.imports, errors):
+        return EXIT["usage"]
     try:
         asyncio.run(
             serve(
@@ -46,6 +62,8 @@ def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> 
 
     from ..postgres.worker import submit_command
 
+    if not _imported(args.imports, errors):
+        return EXIT["usage"]
     try:
         run_id = asyncio.run(
             submit_command(
