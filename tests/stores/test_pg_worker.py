@@ -299,3 +299,20 @@ def test_the_cli_runs_a_submitted_triage_task(pg_dsn: str, tmp_path: Path) -> No
     )
     assert worker.returncode == 0, out
     assert (tmp_path / "state" / "worlds" / run_id / "world.json").exists()
+
+
+def test_submit_refuses_an_agent_no_worker_would_claim(pg_dsn: str, tmp_path: Path) -> None:
+    """A run queued for a name nothing registers would wait for ever: submit refuses it,
+    names what is registered and how to register more, and queues nothing (issue 31, 13).
+    """
+    submitted = durably_cli(
+        "submit", "--dsn", pg_dsn, "--agent", "no-such-agent", "--task", "x", root=tmp_path
+    )
+    out, _ = submitted.communicate(timeout=30)
+    assert submitted.returncode == 2, out
+    assert "no agent named 'no-such-agent' is registered" in out
+    assert "triage:m1-done-after-delete" in out  # what is registered
+    assert "--import MODULE" in out
+    tables = sql(pg_dsn, "SELECT to_regclass('durably_runs') IS NOT NULL")
+    if tables == [(True,)]:
+        assert sql(pg_dsn, "SELECT count(*) FROM durably_runs") == [(0,)]

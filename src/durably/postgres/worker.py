@@ -421,8 +421,16 @@ async def submit_command(
     known = Registry()
     load_entry_points(known, state_dir=Path("."))  # only for their agents' default tasks
     entry = registry.get(agent_name) or known.get(agent_name)
+    if entry is None:
+        # A run queued for a name no worker serves would wait for ever, unclaimed.
+        names = sorted({*registry.names(), *known.names()})
+        raise ValueError(
+            f"no agent named {agent_name!r} is registered, so no worker would claim the run; "
+            f"registered: {', '.join(names) or 'none'}. Give --import MODULE for the module "
+            "that calls durably.postgres.register (a worker needs the same --import)"
+        )
     if task is None:
-        if entry is None or entry.task is None:
+        if entry.task is None:
             raise ValueError(f"agent {agent_name!r} has no default task: give --task")
         task = entry.task
     async with PostgresStore(dsn) as store:
