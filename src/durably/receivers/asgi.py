@@ -56,7 +56,6 @@ from ._store import (
     Replay,
     StoredResponse,
     principal_digest,
-    scoped_key,
     valid_key,
 )
 from .lookup import http_answer, lookup
@@ -148,8 +147,12 @@ class IdempotencyMiddleware:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its body; nothing ran
-        stored_key = scoped_key(principal_digest(self.principal(scope)), key)
-        claim = await self.store.claim(stored_key, _fingerprint(scope, body), wait=self.wait)
+        claim = await self.store.claim(
+            key,
+            _fingerprint(scope, body),
+            principal=principal_digest(self.principal(scope)),
+            wait=self.wait,
+        )
         if isinstance(claim, Replay):
             if isinstance(claim.result, StoredResponse):
                 await _send_stored(send, claim.result, replayed=True)

@@ -33,7 +33,6 @@ from ._store import (
     KeyState,
     StoredOutcome,
     StoredResponse,
-    scoped_key,
     valid_key,
 )
 
@@ -67,7 +66,7 @@ async def lookup(store: IdempotencyStore, key: str, *, principal: str = "") -> K
     """
     if not valid_key(key):
         raise ValueError(f"not an idempotency key: {key!r}")
-    record = await store.record(scoped_key(principal, key))
+    record = await store.record(key, principal=principal)
     return dataclasses.replace(record, key=key)
 
 
