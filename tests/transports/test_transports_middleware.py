@@ -44,8 +44,8 @@ class WatchedStore(IdempotencyStore):
         self.claims: list[str] = []
         self.busy = threading.Event()
 
-    def _claim(self, key: str, fingerprint: str) -> Any:
-        outcome = super()._claim(key, fingerprint)
+    def _claim(self, key: str, fingerprint: str, principal: str = "") -> Any:
+        outcome = super()._claim(key, fingerprint, principal)
         self.claims.append(type(outcome).__name__)
         if self.claims[-1] == "Busy":
             self.busy.set()

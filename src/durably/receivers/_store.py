@@ -9,9 +9,12 @@ with ``synchronous=FULL``: a finished key survives a crash or power cut of the
 service.
 
 Keys are scoped by principal, as Stripe scopes them by account: a receiver
-stores a client's key as :func:`scoped_key` of a digest of who sent it (its
-credentials, or the identity the service names) and the key, so the same key
-from another principal is another key, never a replay of someone else's result.
+stores a client's key with a digest of who sent it (its credentials, or the
+identity the service names) in a column of its own, so the same key from
+another principal, or from no principal, is another key, never a replay of
+someone else's result, whatever the key's characters (format 1 joined the two
+as ``<digest>/<key>``, which an anonymous key could spell; such a file is
+migrated on first open).
 
 A key older than the TTL counts as no key: a new request with it runs again.
 Its row is kept as a tombstone (its result dropped), so a lookup can tell "I
@@ -23,14 +26,15 @@ All SQLite calls run in a worker thread (``asyncio.to_thread``) under one lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
+import errno
 import hashlib
 import logging
 import os
 import random
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +45,9 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from ..errors import UnsafePath
 from ..state import utcnow
+from ..stores._guard import check_trusted, describe_kind
 
 __all__ = [
     "Busy",
@@ -54,8 +60,8 @@ __all__ = [
     "Stored",
     "StoredOutcome",
     "StoredResponse",
+    "Unstored",
     "principal_digest",
-    "scoped_key",
     "valid_key",
 ]
 
@@ -63,18 +69,38 @@ log = logging.getLogger("durably.receivers")
 
 _T = TypeVar("_T")
 
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS durably_idempotency (
-    key TEXT PRIMARY KEY,
+_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS {name} (
+    principal TEXT NOT NULL,
+    key TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
     token TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('running', 'done')),
     started_at REAL NOT NULL,
     finished_at REAL,
-    result BLOB
-) WITHOUT ROWID;
+    result BLOB,
+    PRIMARY KEY (principal, key)
+) WITHOUT ROWID
+"""
+_INDEX: Final = """
 CREATE INDEX IF NOT EXISTS durably_idempotency_payloads
-    ON durably_idempotency (started_at) WHERE result IS NOT NULL;
+    ON durably_idempotency (started_at) WHERE result IS NOT NULL
+"""
+# Format 1 kept one ``key`` column: ``<32 hex digits>/<key>`` for a principal's key, the
+# bare key for none. Its rows move to the principal column; a bare key shaped like a
+# scoped one is read as scoped (as format 1 itself found it for that principal).
+_MIGRATE_V1: Final = """
+INSERT INTO durably_idempotency_v2
+    (principal, key, fingerprint, token, state, started_at, finished_at, result)
+SELECT
+    CASE WHEN scoped THEN substr(key, 1, 32) ELSE '' END,
+    CASE WHEN scoped THEN substr(key, 34) ELSE key END,
+    fingerprint, token, state, started_at, finished_at, result
+FROM (
+    SELECT *, (length(key) > 33 AND substr(key, 33, 1) = '/'
+               AND substr(key, 1, 32) NOT GLOB '*[^0-9a-f]*') AS scoped
+    FROM durably_idempotency
+)
 """
 
 
@@ -98,7 +124,15 @@ class StoredOutcome(msgspec.Struct, tag="mcp", frozen=True, kw_only=True):
     """True when the exception was the SDK's ``ToolError`` (its text reaches the client as is)."""
 
 
-Stored = StoredResponse | StoredOutcome
+class Unstored(msgspec.Struct, tag="unstored", frozen=True, kw_only=True):
+    """A key whose response was too large to keep: it was sent once and is never replayed."""
+
+    status: int
+    limit: int
+    """The ``max_response`` it went over, in bytes."""
+
+
+Stored = StoredResponse | StoredOutcome | Unstored
 
 
 class KeyState(enum.StrEnum):
@@ -131,6 +165,7 @@ class Claimed:
 
     key: str
     token: str
+    principal: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,7 +188,7 @@ class Busy:
 Claim = Claimed | Replay | Mismatch | Busy
 
 MAX_KEY_LENGTH: Final = 255
-FORMAT: Final = 1
+FORMAT: Final = 2
 """The database layout's version, kept in SQLite's ``user_version``."""
 
 _ENCODER: Final = msgspec.json.Encoder()
@@ -183,14 +218,16 @@ class IdempotencyStore:
         self.ttl = ttl
         self.clock = clock
         self._lock = threading.Lock()
-        _make_private(self.path)
+        identity = _check_database(self.path)
         # One connection shared by worker threads, serialized by the lock;
         # autocommit mode so every transaction below is explicit.
         self._db = sqlite3.connect(
             self.path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
         try:
+            _same_file(self.path, identity)
             _retry_while_busy(self._set_up, path=self.path)
+            _check_database(self.path)  # the side files SQLite just made or opened
         except BaseException:
             self._db.close()
             raise
@@ -204,30 +241,49 @@ class IdempotencyStore:
         """
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        (version,) = self._db.execute("PRAGMA user_version").fetchone()
-        if version > FORMAT:
-            raise RuntimeError(
-                f"{self.path} holds idempotency keys in format {version}; this durably "
-                f"reads format {FORMAT}: upgrade durably, or give the store a new file"
-            )
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {FORMAT}")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > FORMAT:
+                raise RuntimeError(
+                    f"{self.path} holds idempotency keys in format {version}; this durably "
+                    f"reads format {FORMAT}: upgrade durably, or give the store a new file"
+                )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(durably_idempotency)")}
+            if columns and "principal" not in columns:  # format 1: migrate it in place
+                db.execute(_TABLE.format(name="durably_idempotency_v2"))
+                db.execute(_MIGRATE_V1)
+                db.execute("DROP TABLE durably_idempotency")
+                db.execute("ALTER TABLE durably_idempotency_v2 RENAME TO durably_idempotency")
+                log.info("%s: idempotency keys moved from format %d to %d", self.path, 1, FORMAT)
+            db.execute(_TABLE.format(name="durably_idempotency"))
+            db.execute(_INDEX)
+            db.execute(f"PRAGMA user_version = {FORMAT}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         """Close the database; the store cannot be used afterwards."""
         with self._lock:
             self._db.close()
 
-    async def claim(self, key: str, fingerprint: str, *, wait: float = 0.0) -> Claim:
+    async def claim(
+        self, key: str, fingerprint: str, *, principal: str = "", wait: float = 0.0
+    ) -> Claim:
         """Take the key for a new request, or say why not.
 
+        ``principal`` is the sender's :func:`principal_digest` ("" for nobody in
+        particular): the same key under another principal is another key.
         While another request holds the key, poll for up to ``wait`` seconds
         for it to finish, then answer :class:`Busy`.
         """
         deadline = time.monotonic() + max(wait, 0.0)
         pause = 0.01
         while True:
-            outcome = await self._run(self._claim, key, fingerprint)
+            outcome = await self._run(self._claim, key, fingerprint, principal)
             if not isinstance(outcome, Busy) or time.monotonic() >= deadline:
                 return outcome
             await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
@@ -237,9 +293,9 @@ class IdempotencyStore:
         """Store a claimed request's result; False if the claim expired and was taken over."""
         return await self._run(self._finish, claim, _ENCODER.encode(result))
 
-    async def record(self, key: str) -> KeyRecord:
-        """What the store knows about ``key``."""
-        return await self._run(self._record, key)
+    async def record(self, key: str, *, principal: str = "") -> KeyRecord:
+        """What the store knows about ``key`` under ``principal`` (see :meth:`claim`)."""
+        return await self._run(self._record, key, principal)
 
     # -- blocking parts, run in a worker thread -------------------------------------------
 
@@ -250,7 +306,7 @@ class IdempotencyStore:
         with self._lock:
             return function(*args)
 
-    def _claim(self, key: str, fingerprint: str) -> Claim:
+    def _claim(self, key: str, fingerprint: str, principal: str = "") -> Claim:
         now = self.clock().timestamp()
         cutoff = now - self.ttl.total_seconds()
         db = self._db
@@ -258,8 +314,8 @@ class IdempotencyStore:
         try:
             row = db.execute(
                 "SELECT fingerprint, state, started_at, result FROM durably_idempotency"
-                " WHERE key = ?",
-                (key,),
+                " WHERE principal = ? AND key = ?",
+                (principal, key),
             ).fetchone()
             outcome: Claim
             if row is not None and _live(row[1], row[2], row[3], cutoff):
@@ -274,9 +330,9 @@ class IdempotencyStore:
                 token = secrets.token_hex(16)
                 db.execute(
                     "INSERT OR REPLACE INTO durably_idempotency"
-                    " (key, fingerprint, token, state, started_at, finished_at, result)"
-                    " VALUES (?, ?, ?, 'running', ?, NULL, NULL)",
-                    (key, fingerprint, token, now),
+                    " (principal, key, fingerprint, token, state, started_at, finished_at,"
+                    " result) VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL)",
+                    (principal, key, fingerprint, token, now),
                 )
                 # Expired results are dead weight; their rows stay as tombstones.
                 db.execute(
@@ -284,7 +340,7 @@ class IdempotencyStore:
                     " WHERE result IS NOT NULL AND started_at <= ?",
                     (cutoff,),
                 )
-                outcome = Claimed(key, token)
+                outcome = Claimed(key, token, principal)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -294,15 +350,16 @@ class IdempotencyStore:
     def _finish(self, claim: Claimed, result: bytes) -> bool:
         cursor = self._db.execute(
             "UPDATE durably_idempotency SET state = 'done', finished_at = ?, result = ?"
-            " WHERE key = ? AND token = ? AND state = 'running'",
-            (self.clock().timestamp(), result, claim.key, claim.token),
+            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
+            (self.clock().timestamp(), result, claim.principal, claim.key, claim.token),
         )
         return cursor.rowcount == 1
 
-    def _record(self, key: str) -> KeyRecord:
+    def _record(self, key: str, principal: str = "") -> KeyRecord:
         row = self._db.execute(
-            "SELECT state, started_at, finished_at, result FROM durably_idempotency WHERE key = ?",
-            (key,),
+            "SELECT state, started_at, finished_at, result FROM durably_idempotency"
+            " WHERE principal = ? AND key = ?",
+            (principal, key),
         ).fetchone()
         if row is None:
             return KeyRecord(key=key, state=KeyState.UNKNOWN)
@@ -328,23 +385,58 @@ _BUSY_TIMEOUT: Final = 30.0
 """Seconds a statement (and the first-open setup, in all) waits for another process's lock."""
 
 
-def _make_private(path: Path) -> None:
-    """Create the database file 0600 (never through a symlink), or take away others' access.
+def _check_database(path: Path) -> tuple[int, int]:
+    """Create the database 0600 or check it is ours, with its directory and side files.
 
-    SQLite gives its ``-wal`` and ``-shm`` files the database file's mode, so
-    all three hold response bodies (tokens, cookies) only the service user can read.
+    The stores' trust rules (:func:`~durably.stores._guard.check_trusted`): the
+    directory, the database and any ``-wal`` or ``-shm`` beside it must be owned by
+    this user and writable by no one else, and be a directory or regular files;
+    a symlink at any of the file names is refused, its target untouched. Another
+    user's file there could hand this service forged responses, or delete a key
+    so a retry runs twice. An own file readable by others is tightened to 0600
+    (SQLite gives the side files the database's mode: all three hold response
+    bodies). Returns the database's (device, inode), to check SQLite opened it.
+
+    Raises:
+        UnsafePath: naming the path, what it is, its owner and mode.
     """
+    directory = str(path.parent)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        info = os.lstat(path)
-        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-            for name in (path, *(Path(f"{path}{suffix}") for suffix in ("-wal", "-shm"))):
-                with contextlib.suppress(FileNotFoundError):
-                    os.chmod(name, 0o600, follow_symlinks=False)
-        return
-    os.fchmod(fd, 0o600)  # a umask only ever removes bits; this is exact
-    os.close(fd)
+        check_trusted(os.stat(directory), path=directory, directory=True)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"{directory}: the key database's directory does not exist"
+        ) from exc
+    identity = (0, 0)
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
+        main = name == str(path)
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags | (os.O_RDWR | os.O_CREAT if main else os.O_RDONLY), 0o600)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                kind = describe_kind(os.lstat(name).st_mode)
+                raise UnsafePath(path=name, reason=f"it is not a regular file ({kind})") from exc
+            raise
+        try:
+            info = os.fstat(fd)
+            check_trusted(info, path=name)
+            if stat.S_IMODE(info.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)  # new: a umask only ever removes bits; old: tightened
+            if main:
+                identity = (info.st_dev, info.st_ino)
+        finally:
+            os.close(fd)
+    return identity
+
+
+def _same_file(path: Path, identity: tuple[int, int]) -> None:
+    """Refuse a database swapped for another file between its check and SQLite's open."""
+    info = os.lstat(path)
+    if (info.st_dev, info.st_ino) != identity:
+        raise UnsafePath(path=str(path), reason="it was replaced while it was being opened")
 
 
 def _retry_while_busy(set_up: Callable[[], None], *, path: Path) -> None:
@@ -389,11 +481,6 @@ def principal_digest(principal: str | bytes | None) -> str:
         return ""
     data = principal.encode("utf-8") if isinstance(principal, str) else principal
     return hashlib.sha256(b"durably-principal\0" + data).hexdigest()[:32]
-
-
-def scoped_key(principal: str, key: str) -> str:
-    """The key as stored: ``<principal digest>/<key>``, or the key alone for no principal."""
-    return f"{principal}/{key}" if principal else key
 
 
 def valid_key(key: str) -> bool:

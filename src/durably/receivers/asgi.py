@@ -31,8 +31,16 @@ retries (rotating tokens or session cookies): a retry whose principal changed
 is a new request, and would run again.
 
 Requests without the header, other methods and other protocols (websocket,
-lifespan) pass through untouched. Responses with a key are buffered whole
-before they are sent, so do not put keys on streaming endpoints.
+lifespan) pass through untouched.
+
+Bodies are bounded. A keyed request's body is read before the application
+runs, up to ``max_body`` bytes (default 10 MiB): a longer one (declared or
+sent) gets ``413`` at once, its rest unread, and nothing is claimed. A keyed
+response is buffered up to ``max_response`` bytes (default 10 MiB), stored,
+then sent; a longer one, streaming or not, is sent through unstored, and its
+key is first marked so: a retry with it gets ``422``
+(``idempotency-key-response-not-stored``), never a second run, and its lookup
+``410`` (state ``not-stored``).
 
 One limit no middleware can lift: the application's own effect and the stored
 response are two commits. If the *service* dies between them, the key stays in
@@ -55,8 +63,8 @@ from ._store import (
     Mismatch,
     Replay,
     StoredResponse,
+    Unstored,
     principal_digest,
-    scoped_key,
     valid_key,
 )
 from .lookup import http_answer, lookup
@@ -77,6 +85,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Principal = Callable[[Scope], str | bytes | None]
 """Who sent a request (None: nobody in particular); hashed before it is stored."""
+
+DEFAULT_MAX_BODY: Final = 10 * 2**20
+"""The longest keyed request body the middleware reads by default (10 MiB)."""
+DEFAULT_MAX_RESPONSE: Final = 10 * 2**20
+"""The longest keyed response the middleware stores by default (10 MiB)."""
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 """Set to ``true`` on a response replayed from the store."""
@@ -106,6 +119,9 @@ class IdempotencyMiddleware:
             to a :class:`LookupApp` you mount behind your own authentication.
         principal: who sent a request; keys are scoped by it (default:
             :func:`credentials_principal`: ``Authorization``, else the cookies).
+        max_body: the longest keyed request body read, in bytes; longer is ``413``.
+        max_response: the longest keyed response stored, in bytes; longer is sent
+            unstored and its key refuses retries (``422``).
     """
 
     def __init__(
@@ -117,7 +133,14 @@ class IdempotencyMiddleware:
         methods: Collection[str] = ("POST", "PUT", "PATCH", "DELETE"),
         lookup_path: str | None = None,
         principal: Principal | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        max_response: int = DEFAULT_MAX_RESPONSE,
     ) -> None:
+        for name, limit in (("max_body", max_body), ("max_response", max_response)):
+            if limit < 0:
+                raise ValueError(f"{name} must be a number of bytes, at least 0; got {limit}")
+        self.max_body = max_body
+        self.max_response = max_response
         self.app = app
         self.store = store
         self.wait = wait
@@ -145,14 +168,38 @@ class IdempotencyMiddleware:
         if not valid_key(key):
             await _send_json(send, 400, {"error": "invalid-idempotency-key", "key": key[:300]})
             return
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive, scope, self.max_body)
+        except _BodyTooLarge:
+            await _send_json(
+                send,
+                413,
+                {"error": "request-body-too-large", "key": key, "max_body": self.max_body},
+            )
+            return  # nothing ran and nothing was claimed: the same request is refused again
         if body is None:
             return  # the client left before sending its body; nothing ran
-        stored_key = scoped_key(principal_digest(self.principal(scope)), key)
-        claim = await self.store.claim(stored_key, _fingerprint(scope, body), wait=self.wait)
+        claim = await self.store.claim(
+            key,
+            _fingerprint(scope, body),
+            principal=principal_digest(self.principal(scope)),
+            wait=self.wait,
+        )
         if isinstance(claim, Replay):
             if isinstance(claim.result, StoredResponse):
                 await _send_stored(send, claim.result, replayed=True)
+            elif isinstance(claim.result, Unstored):
+                await _send_json(
+                    send,
+                    422,
+                    {
+                        "error": "idempotency-key-response-not-stored",
+                        "key": key,
+                        "detail": "the first response with this key was over the "
+                        f"{claim.result.limit} bytes this service keeps; it was sent once "
+                        "and the request is not run again",
+                    },
+                )
             else:  # an MCP tool's key arriving over HTTP
                 await _send_json(send, 422, {"error": "idempotency-key-reused", "key": key})
         elif isinstance(claim, Mismatch):
@@ -177,22 +224,40 @@ class IdempotencyMiddleware:
 
     async def _run(self, claim: Claimed, scope: Scope, receive: Receive, send: Send) -> None:
         status = 500
-        headers: list[tuple[str, str]] = []
+        start: Message | None = None
         chunks: list[bytes] = []
-        finished = False
+        size = 0
+        finished = False  # the key's result is stored (or marked unstored)
+        passing = False  # over max_response: the app's messages go straight to the client
 
         async def capture(message: Message) -> None:
-            nonlocal status, headers, finished
+            nonlocal status, start, size, finished, passing
+            if passing:
+                await send(message)
+                return
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                headers = [
-                    (bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1"))
-                    for k, v in message.get("headers", ())
-                ]
+                start = message
             elif message["type"] == "http.response.body" and not finished:
-                chunks.append(bytes(message.get("body", b"")))
-                if not message.get("more_body", False):
+                chunk = bytes(message.get("body", b""))
+                more = bool(message.get("more_body", False))
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.max_response:
+                    # Marked before the first byte leaves: a client that saw any of it
+                    # and retries is refused, never run again.
+                    finished = passing = True
+                    await self.store.finish(claim, Unstored(status=status, limit=self.max_response))
+                    await send(start or {"type": "http.response.start", "status": status})
+                    body = b"".join(chunks)
+                    chunks.clear()
+                    await send({"type": "http.response.body", "body": body, "more_body": more})
+                elif not more:
                     finished = True
+                    headers = [
+                        (bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1"))
+                        for k, v in (start or {}).get("headers", ())
+                    ]
                     response = StoredResponse(
                         status=status,
                         headers=[(k, v) for k, v in headers if k not in _NOT_STORED],
@@ -276,14 +341,31 @@ def _fingerprint(scope: Scope, body: bytes) -> str:
     return digest.hexdigest()
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+class _BodyTooLarge(Exception):
+    """A keyed request's body is over ``max_body`` (declared or sent)."""
+
+
+async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes | None:
+    """The request's body, None if the client left first; over ``limit``: ``_BodyTooLarge``.
+
+    A declared ``Content-Length`` over the limit is refused before a byte is read;
+    a body sent in chunks is refused at the chunk that crosses it, the rest unread.
+    """
+    declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
+    if declared.strip().isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
     chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
         if message["type"] == "http.request":
-            chunks.append(bytes(message.get("body", b"")))
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
 

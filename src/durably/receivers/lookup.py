@@ -11,6 +11,7 @@ state           status  body
 done            200     the original response body, with ``Idempotency-Original-Status``
 in-flight       409     ``{"key", "state"}`` with ``Retry-After``: ask again later
 expired         410     ``{"key", "state"}``: seen, but the result is forgotten
+not-stored      410     ``{"key", "state"}``: done, but its response was too large to keep
 unknown         404     ``{"key", "state"}``: this store never saw the key
 ==============  ======  ============================================================
 
@@ -33,7 +34,7 @@ from ._store import (
     KeyState,
     StoredOutcome,
     StoredResponse,
-    scoped_key,
+    Unstored,
     valid_key,
 )
 
@@ -67,7 +68,7 @@ async def lookup(store: IdempotencyStore, key: str, *, principal: str = "") -> K
     """
     if not valid_key(key):
         raise ValueError(f"not an idempotency key: {key!r}")
-    record = await store.record(scoped_key(principal, key))
+    record = await store.record(key, principal=principal)
     return dataclasses.replace(record, key=key)
 
 
@@ -92,6 +93,12 @@ def http_answer(record: KeyRecord) -> LookupAnswer:
             body=msgspec.json.encode(body),
         )
     headers = [("content-type", "application/json")]
+    if record.state is KeyState.DONE and isinstance(result, Unstored):
+        return LookupAnswer(
+            status=410,
+            headers=headers,
+            body=msgspec.json.encode({"key": record.key, "state": "not-stored"}),
+        )
     if record.state is KeyState.IN_FLIGHT:
         headers.append(("retry-after", "1"))
     return LookupAnswer(

@@ -63,7 +63,6 @@ from ._store import (
     Replay,
     StoredOutcome,
     principal_digest,
-    scoped_key,
     valid_key,
 )
 
@@ -130,8 +129,12 @@ def deduplicated(
             if not valid_key(key):
                 raise sdk.ToolError(f"{META_KEY} is not a valid idempotency key")
             values = {n: v for n, v in bound.arguments.items() if n != context_name}
-            stored_key = scoped_key(principal_digest(who(context)), key)
-            claim = await store.claim(stored_key, _fingerprint(tool, values), wait=wait)
+            claim = await store.claim(
+                key,
+                _fingerprint(tool, values),
+                principal=principal_digest(who(context)),
+                wait=wait,
+            )
             if isinstance(claim, Replay):
                 return _replay(claim.result, sdk)
             if isinstance(claim, Mismatch):
