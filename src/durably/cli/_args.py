@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "EPILOG",
+    "dsn_option",
     "non_negative_int",
     "output_file",
     "positive_amount",
@@ -92,3 +96,58 @@ def output_file(text: str) -> Path:
     if not os.access(path.parent, os.W_OK):
         raise argparse.ArgumentTypeError(f"the directory {str(path.parent)!r} is not writable")
     return path
+
+
+def dsn_option(
+    command: argparse.ArgumentParser, help: str, *, from_environment: bool, required: bool = False
+) -> None:
+    """Give ``command`` a ``--dsn`` option that refuses a password on the command line.
+
+    A command line is visible to every user of the machine (``ps``, ``/proc/PID/cmdline``);
+    the environment is not (``/proc/PID/environ`` is the owner's). So a DSN given with
+    ``--dsn`` may not carry a password: libpq takes it from ``PGPASSWORD``, ``~/.pgpass``
+    or a ``PGSERVICE`` entry instead, and ``$DURABLY_DSN`` (read, not checked, where
+    ``from_environment``) may hold a whole DSN. ``required``: the command needs a DSN.
+    """
+    command.add_argument(
+        "--dsn",
+        action=_DsnWithoutPassword,
+        default=os.environ.get("DURABLY_DSN") if from_environment else None,
+        required=required,
+        help=help,
+    )
+
+
+class _DsnWithoutPassword(argparse.Action):
+    """``--dsn``: checked only when given on the command line, never its default."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        dsn = str(values)
+        if _has_password(dsn):
+            parser.error(
+                "--dsn: refusing a password on the command line (any user can read it with ps); "
+                "keep the password in PGPASSWORD, ~/.pgpass or a PGSERVICE entry, "
+                "or put the whole DSN in the DURABLY_DSN variable"
+            )
+        setattr(namespace, self.dest, dsn)
+
+
+def _has_password(dsn: str) -> bool:
+    """Whether a connection string (URI or ``key=value`` form) carries a password."""
+    # Imported here: psycopg is the Postgres extra's, and costs the other commands' start.
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # without the extra the command fails later, naming it
+        return "password=" in dsn or bool(re.match(r"^\w+://[^/@]*:[^/@]*@", dsn))
+    from psycopg import ProgrammingError
+
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except ProgrammingError:  # malformed: psycopg names the problem when it connects
+        return "password" in dsn

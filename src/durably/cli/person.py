@@ -15,7 +15,6 @@ A directory wins over ``--state``, which wins over ``--dsn``; with none of them,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exit import EXIT, print_error
 from ..storechoice import StoreChoice, opened_store
-from ._args import positive_int
+from ._args import dsn_option, positive_int
 from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
@@ -343,10 +342,10 @@ def _store_options(command: argparse.ArgumentParser) -> None:
         default=None,
         help="the demo's state directory (its runs live in DIR/runs)",
     )
-    command.add_argument(
-        "--dsn",
-        default=os.environ.get("DURABLY_DSN"),
-        help="PostgreSQL connection string (default: $DURABLY_DSN)",
+    dsn_option(
+        command,
+        "PostgreSQL connection string, no password in it (default: $DURABLY_DSN)",
+        from_environment=True,
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._exit import EXIT, print_error, runs_dir
-from ._args import positive_int, state_option
+from ._args import dsn_option, positive_int, state_option
 from ._args import run_id as run_id_arg
 
 if TYPE_CHECKING:
@@ -288,8 +288,11 @@ def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "run", type=run_id_arg, help="run ID, or its start if no other run ID starts so"
     )
     state_option(show_cmd)
-    show_cmd.add_argument(
-        "--dsn", help="read the run from this PostgreSQL store instead of --state"
+    dsn_option(
+        show_cmd,
+        "read the run from this PostgreSQL store instead of --state (no password in it: "
+        "use PGPASSWORD or ~/.pgpass)",
+        from_environment=False,
     )
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
     show_cmd.set_defaults(handler=_cmd_show)
@@ -302,8 +305,11 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
     )
     state_option(runs_cmd)
-    runs_cmd.add_argument(
-        "--dsn", help="list the runs of this PostgreSQL store (each read whole) instead"
+    dsn_option(
+        runs_cmd,
+        "list the runs of this PostgreSQL store (each read whole) instead (no password in "
+        "it: use PGPASSWORD or ~/.pgpass)",
+        from_environment=False,
     )
     runs_cmd.add_argument(
         "--phase",

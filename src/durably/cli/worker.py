@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._exit import EXIT, print_error
-from ._args import positive_amount, positive_int
+from ._args import dsn_option, positive_amount, positive_int
 from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
@@ -85,11 +85,11 @@ def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     """Add ``durably worker`` and ``durably submit`` (the Postgres work queue)."""
 
     def common(command: argparse.ArgumentParser) -> None:
-        command.add_argument(
-            "--dsn",
-            default=os.environ.get("DURABLY_DSN"),
+        dsn_option(
+            command,
+            "PostgreSQL connection string, no password in it (default: $DURABLY_DSN)",
+            from_environment=True,
             required="DURABLY_DSN" not in os.environ,
-            help="PostgreSQL connection string (default: $DURABLY_DSN)",
         )
         command.add_argument(
             "--import",
