@@ -18,9 +18,6 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import UnsafePath
-from ..stores._guard import check_trusted
-
 __all__ = ["make_current_directory_importable"]
 
 
@@ -31,6 +28,10 @@ def make_current_directory_importable() -> str | None:
         None when the current directory is importable; otherwise a sentence for the
         error of an import that fails, naming the directory, the reason and the fix.
     """
+    # Imported here: the stores' modules cost `durably --help` its start.
+    from ..errors import UnsafePath
+    from ..stores._guard import check_trusted
+
     try:
         here = os.getcwd()
     except OSError as exc:
