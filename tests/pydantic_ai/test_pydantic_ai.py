@@ -248,7 +248,8 @@ def test_an_in_doubt_write_without_a_lookup_waits_for_durably_answer(tmp_path: P
     place = Place(tmp_path, doubt=frozenset({"notes"}))
     with pytest.raises(RunPaused) as paused:
         place.run()
-    (question,) = paused.value.pending
+    (call_id,) = paused.value.call_ids
+    question = place.state().pending[call_id]
     assert question.tool == "post_note"
     assert place.state().phase is durably.Phase.PAUSED
 

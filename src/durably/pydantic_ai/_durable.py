@@ -25,7 +25,7 @@ import contextvars
 import copy
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,7 +49,6 @@ from ..errors import DurablyError, RunNotFound
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
 from ..state import (
-    Approval,
     AssistantMessage,
     Effect,
     Fingerprint,
@@ -96,17 +95,19 @@ def tool_context() -> ToolContext:
 class RunPaused(DurablyError):
     """Raised from ``agent.run`` when a call waits for a person; answer with ``durably answer``.
 
-    The run is saved as paused with its questions; once they are answered (``durably
-    answer``, the console, or the approver), :meth:`Durable.resume` carries it on.
+    The run is saved as paused with its questions (``Durable.outcome(run_id).pending``);
+    once they are answered (``durably answer``, the console, or the approver),
+    :meth:`Durable.resume` carries it on.
     """
 
-    def __init__(self, *, run_id: str, pending: tuple[Approval, ...]) -> None:
+    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
         self.run_id = run_id
-        self.pending = pending
-        calls = ", ".join(f"{p.call_id} ({p.tool})" for p in pending) or "none"
+        self.call_ids = tuple(call_ids)
+        calls = ", ".join(self.call_ids) or "none"
         super().__init__(
-            f"run {run_id!r} waits for a person about call(s) {calls}; answer with "
-            f"`durably answer {run_id} <call> ...`, then resume it with Durable.resume"
+            f"run {run_id!r} waits for a person about call(s) {calls}; see them with "
+            f"`durably pending`, answer with `durably answer {run_id} <call> ...`, then "
+            "carry the run on with Durable.resume"
         )
 
 
@@ -356,7 +357,7 @@ class Durable(AbstractCapability[Any]):
             return value if isinstance(value, str) else to_json(value).decode()
 
         if not await session.settle(pending, tool, dict(args), run=run):
-            raise RunPaused(run_id=state.run_id, pending=tuple(state.pending.values()))
+            raise RunPaused(run_id=state.run_id, call_ids=list(state.pending))
         if "error" in ran:
             raise ran["error"]
         if "value" in ran:
