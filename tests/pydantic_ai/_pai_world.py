@@ -147,8 +147,12 @@ def build(
     config: Config | None = None,
     limits: durably.Limits | None = None,
     price: durably.Price | None = None,
+    approval: frozenset[str] = frozenset(),
 ) -> tuple[Agent[None, str], Durable]:
-    """The agent and its ``Durable`` capability, declared as ``config``'s harness declares them."""
+    """The agent and its ``Durable`` capability, declared as ``config``'s harness declares them.
+
+    The tools named in ``approval`` need a person's yes before each call.
+    """
     config = config or Config(name="keys honoured")
 
     async def find_refund(ctx: ToolContext, order: str, cents: int) -> durably.Lookup:
@@ -188,6 +192,8 @@ def build(
         }
         lookups = dict.fromkeys(declared, assume_done)
 
+    for name in approval:
+        declared[name] = {**declared[name], "needs_approval": True}
     durable = Durable(store, lookups=lookups, approver=approver, limits=limits, price=price)
     agent: Agent[None, str] = Agent(
         scripted_model(log, fickle=config.fickle), capabilities=[durable]

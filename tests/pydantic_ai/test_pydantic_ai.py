@@ -21,7 +21,7 @@ import durably
 from durably import faults
 from durably.engine import Save, SavePoint
 from durably.pydantic_ai import Durable, RunPaused, tool_context
-from durably.state import AssistantMessage
+from durably.state import AssistantMessage, ToolResult
 from durably.sweep import RUN_ID, Config, run_in_child
 
 LocalStore = durably.FileStore | durably.JournalStore
@@ -269,6 +269,46 @@ def test_an_in_doubt_write_without_a_lookup_waits_for_durably_answer(tmp_path: P
     assert place.service.effects() == REFERENCE
     assert place.state().answer == ANSWER
     assert place.state().resumes == 0  # a person answering is not a restart
+
+
+class Away:
+    """An approver nobody is at: every question waits for ``durably answer``."""
+
+    async def approve(self, request: durably.ApprovalRequest) -> object:
+        """Nobody can say yes now: ask later."""
+        return durably.DEFER
+
+    async def resolve(self, request: durably.ResolveRequest) -> object:
+        """Nobody can tell now: ask later."""
+        return durably.DEFER
+
+
+@pytest.mark.parametrize(("word", "notes"), [("yes", 1), ("no", 0)])
+def test_a_call_needing_approval_waits_for_durably_answer_yes_or_no(
+    tmp_path: Path, word: str, notes: int
+) -> None:
+    """A note that needs approval pauses the run before it runs, no marker saved; answered
+    yes it is posted once, answered no it never is and the model is told why.
+    """
+    place = Place(tmp_path)
+    with pytest.raises(RunPaused) as paused:
+        place.run(approver=Away(), approval=frozenset({"post_note"}))
+    (call_id,) = paused.value.call_ids
+    assert place.state().markers == {}
+    assert place.service.lines("notes") == []
+
+    extra = ["--reason", "not today"] if word == "no" else []
+    answered = _cli("answer", RUN_ID, call_id, word, "runs", *extra, cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    place.resume(approver=Away(), approval=frozenset({"post_note"}))
+
+    assert len(place.service.lines("notes")) == notes
+    assert len(place.service.lines("refunds")) == 1
+    result = next(
+        m for m in place.state().messages if isinstance(m, ToolResult) and m.call_id == call_id
+    )
+    assert result.is_error == (word == "no")
+    assert place.state().answer == ANSWER
 
 
 def test_the_restart_limit_counts_every_killed_process(tmp_path: Path) -> None:
