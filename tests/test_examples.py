@@ -163,3 +163,20 @@ def test_the_refund_example_killed_at_every_point_of_the_loop_ends_with_one_refu
         assert again.stdout.endswith("refund-order-1042: done: Order 1042 is refunded.\n")
         refunds = json.loads((world / "refund-demo" / "payments.json").read_text())
         assert list(refunds.values()) == ["refund 1: 500 cents, 1042"], plan
+
+
+@pytest.mark.parametrize("label", ["loop.saved.attempt", "loop.tool_returned:refund"])
+def test_the_pydantic_ai_example_killed_mid_refund_refunds_once_when_run_again(
+    tmp_path: Path, label: str
+) -> None:
+    """The Pydantic AI example killed by SIGKILL around its refund, run again, finishes with
+    one refund and the model's answer.
+    """
+    example = ROOT / "examples" / "pydantic_ai_refund.py"
+
+    crashed = run_example(example, tmp_path, plan=f"label={label!r}")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    again = run_example(example, tmp_path)
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Refunded 500 cents on order 1042. (1 refund in the service)" in again.stdout

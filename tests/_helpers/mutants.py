@@ -146,17 +146,19 @@ def _powerloss(mutant: str) -> Callable[[], list[tuple[Any, str, Any]]]:
 
 
 def _no_attempt_marker() -> list[tuple[Any, str, Any]]:
-    from durably import faults, loop
+    from durably import engine, faults
 
-    real = loop._Driver.save
+    real = engine.RunSession.save
 
-    async def save(self: Any, label: str) -> None:
-        if label == "attempt":  # the marker stays in memory only; the write goes ahead
-            faults.point("loop.saved.attempt")
+    async def save(self: Any, point: Any) -> None:
+        if (
+            point is engine.SavePoint.ATTEMPT
+        ):  # the marker stays in memory only; the write goes ahead
+            faults.point(point.crash_point)
             return
-        await real(self, label)
+        await real(self, point)
 
-    return [(loop._Driver, "save", save)]
+    return [(engine.RunSession, "save", save)]
 
 
 def _ladder_reruns_writes() -> list[tuple[Any, str, Any]]:
@@ -169,30 +171,30 @@ def _ladder_reruns_writes() -> list[tuple[Any, str, Any]]:
 
 
 def _restart_count_not_saved() -> list[tuple[Any, str, Any]]:
-    from durably import loop
+    from durably import engine
 
-    real = loop._Driver.count_resume
+    real = engine.RunSession.count_restart
 
-    async def count_resume(self: Any) -> None:
-        async def not_saved(label: str) -> None:
+    async def count_restart(self: Any) -> None:
+        async def not_saved(point: Any) -> None:
             return None
 
-        self.save = not_saved  # the real count_resume, its save dropped
+        self.save = not_saved  # the real count_restart, its save dropped
         try:
             await real(self)
         finally:
             del self.save
 
-    return [(loop._Driver, "count_resume", count_resume)]
+    return [(engine.RunSession, "count_restart", count_restart)]
 
 
 def _saved_reply_dropped() -> list[tuple[Any, str, Any]]:
-    from durably import loop
+    from durably import engine
     from durably.state import AssistantMessage, Phase
 
-    real = loop._Driver.count_resume
+    real = engine.RunSession.count_restart
 
-    async def count_resume(self: Any) -> None:
+    async def count_restart(self: Any) -> None:
         await real(self)
         state = self.state
         if state.phase is Phase.TOOLS and isinstance(state.messages[-1], AssistantMessage):
@@ -201,7 +203,7 @@ def _saved_reply_dropped() -> list[tuple[Any, str, Any]]:
             state.turns -= 1
             state.phase = Phase.MODEL
 
-    return [(loop._Driver, "count_resume", count_resume)]
+    return [(engine.RunSession, "count_restart", count_restart)]
 
 
 def _damaged_record_as_torn_tail() -> list[tuple[Any, str, Any]]:

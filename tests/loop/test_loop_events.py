@@ -6,6 +6,7 @@ import ast
 import inspect
 from typing import get_args
 
+import durably.engine
 import durably.loop
 import durably.models
 from durably.loop import Event, EventKind
@@ -14,10 +15,13 @@ KINDS = set(get_args(EventKind))
 
 
 def _emitted_kinds() -> set[str]:
-    """Every string the loop's source passes as an event's kind (``emit``, ``Event(kind=)``)."""
+    """Every string the loop's source passes as an event's kind (``emit``, ``Event(kind=)``).
+
+    The loop's source is ``durably.loop`` and the engine it drives, ``durably.engine``.
+    """
     found: set[str] = set()
-    tree = ast.parse(inspect.getsource(durably.loop))
-    for node in ast.walk(tree):
+    source = inspect.getsource(durably.loop) + "\n" + inspect.getsource(durably.engine)
+    for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else None

@@ -53,7 +53,6 @@ from typing import Any, Literal, Protocol
 
 from .. import faults
 from ..approval import ApprovalRequest, Approver, Done, Rerun, ResolveRequest, Yes
-from ..loop import Agent
 from ..models import CallLog
 from ..state import Effect, Phase, RunState
 from ..stores.file import FileStore
@@ -217,6 +216,21 @@ class World:
             store.close_sync()
 
 
+class SweepAgent(Protocol):
+    """What the sweep runs: ``durably.Agent``, or a front end's agent with its two calls.
+
+    A Pydantic AI agent with ``Durable`` is wrapped so ``resume`` calls ``Durable.resume``.
+    """
+
+    async def run(self, task: str, *, run_id: str) -> object:
+        """Start the run ``run_id`` of ``task`` and drive it until it is done or paused."""
+        ...
+
+    async def resume(self, run_id: str) -> object:
+        """Carry the run on from its last save."""
+        ...
+
+
 class SweepJob(Protocol):
     """What the sweep needs from a job: a world to build, an agent to run, a way to judge."""
 
@@ -230,7 +244,7 @@ class SweepJob(Protocol):
         """The task the run is started with."""
         ...
 
-    def agent(self, world: World, approver: Approver) -> Agent:
+    def agent(self, world: World, approver: Approver) -> SweepAgent:
         """The agent for this world, built anew in every process."""
         ...
 

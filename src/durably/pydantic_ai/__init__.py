@@ -1,0 +1,25 @@
+"""durably for Pydantic AI: ``Durable``, a capability that makes an agent's runs durable.
+
+Install with ``pip install 'durably[pydantic-ai]'`` and add it to the agent::
+
+    from durably.pydantic_ai import Durable
+
+    agent = Agent(model, capabilities=[Durable(store, default_effect=Effect.WRITE)])
+    result = await agent.run(task, run_id="refunds-1")
+
+A killed process carries the run on with ``await durable.resume(agent, "refunds-1")``.
+What it guarantees and what it does not is in ``docs/pydantic-ai.md``.
+"""
+
+try:
+    import pydantic_ai.capabilities  # noqa: F401 - only to say what is missing
+except ImportError as exc:  # pragma: no cover - the dev extra installs Pydantic AI
+    raise ImportError(
+        "durably.pydantic_ai needs Pydantic AI; install it with: pip install 'durably[pydantic-ai]'"
+    ) from exc
+
+from ._durable import Durable as Durable
+from ._durable import RunPaused as RunPaused
+from ._durable import tool_context as tool_context
+
+__all__ = ["Durable", "RunPaused", "tool_context"]
