@@ -903,8 +903,15 @@ class _Driver:
         return decision
 
     async def resolve_in_doubt(
-        self, call: ToolCall, tool: Tool, marker: AttemptMarker, arguments: dict[str, Any]
+        self,
+        call: ToolCall,
+        tool: Tool,
+        marker: AttemptMarker,
+        arguments: dict[str, Any],
+        *,
+        said: str | None = None,
     ) -> bool:
+        """Settle an in-doubt call through the ladder; ``said``: the tool's ``ToolInDoubt`` text."""
         state = self.state
 
         async def before_asking(why: str) -> None:
@@ -917,7 +924,8 @@ class _Driver:
                     arguments=call.arguments,
                     asked_at=self.agent.clock(),
                     kind=ApprovalKind.RESOLVE,
-                    why=why,
+                    # The tool's own words (the person's best clue) travel with the question.
+                    why=why if said is None else f"{why}; the tool said: {said}",
                 )
                 state.phase = Phase.PAUSED
                 await self.save("pause")
@@ -999,8 +1007,11 @@ class _Driver:
                 # Already a second try in this process (or nothing to fear): report it.
                 content, is_error = _error_text(exc), True
             else:
-                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=_error_text(exc))
-                return await self.resolve_in_doubt(call, tool, state.markers[call.id], arguments)
+                said = _error_text(exc)
+                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=said)
+                return await self.resolve_in_doubt(
+                    call, tool, state.markers[call.id], arguments, said=said
+                )
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = _error_text(exc), True
             if isinstance(exc, ToolResultError):

@@ -25,6 +25,7 @@ from ..listing import RunSummary
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = [
+    "CONFIRM",
     "SHOWN",
     "FileCheck",
     "Page",
@@ -33,6 +34,7 @@ __all__ = [
     "locked_page",
     "questions_page",
     "questions_version",
+    "rerun_warning",
     "run_page",
     "runs_page",
     "runs_version",
@@ -44,6 +46,10 @@ SHOWN = 20_000
 """Characters of one text a page shows before the link to the whole: pages more than a
 screenful of text each are read through the link, and a 100 MB reply rendered whole
 took 23 s and 210 MB of HTML per poll (issue 31)."""
+
+
+TOOL_SAID = "; the tool said: "
+"""How the loop joins a tool's ``ToolInDoubt`` text to the ladder's reason in a question's why."""
 
 
 def e(text: object) -> str:
@@ -264,12 +270,53 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
     if with_run:
         link = f"{page.root}runs/{quote(question.run_id)}"
         head += f'<div>run <a href="{e(link)}">{e(question.run_id)}</a></div>'
-    why = f"<div>why a person: {e(question.why)}</div>" if question.why else ""
+    why = ""
+    if question.why:
+        # The loop appends the tool's ToolInDoubt text to the ladder's reason.
+        reason, _, said = question.why.partition(TOOL_SAID)
+        why = f"<div>why a person: {e(reason)}</div>"
+        if said:
+            why += f'<div class="said">the tool said: <code>{e(said)}</code></div>'
+
     whole = _whole(page, question.run_id, f"arguments-{question.call_id}")
     args = _pre(_arguments(question.arguments), whole=whole)
     return (
         f'<div class="question" id="q-{e(question.call_id)}" data-run="{e(question.run_id)}" '
         f'data-call="{e(question.call_id)}">{head}{why}{args}{_forms(page, question)}</div>'
+    )
+
+
+CONFIRM = "rerun"
+"""The value of the rerun form's ``confirm`` checkbox: a rerun posted without it saves nothing."""
+
+_REPEAT = {
+    "write": "it writes without a key, so the service cannot tell the repeat from a new request",
+    "keyed": "its key is past the time the service remembers keys, so the repeat may not be "
+    "dropped",
+}
+"""Why a repeat lands twice, by the tool's effect (the ladder asks a person about no other)."""
+
+
+def _short(arguments: str, limit: int = 120) -> str:
+    """A call's arguments in one short line: ``name="value", ...`` from JSON, else as sent."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items())
+    else:
+        text = " ".join(arguments.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def rerun_warning(question: Question) -> str:
+    """What a rerun may repeat, as the confirmation asks it: the tool, its effect, its arguments."""
+    effect = question.effect or "unknown"
+    why = _REPEAT.get(effect, "a repeat may not be harmless")
+    return (
+        f"Run {question.tool} again? If it did happen, {question.tool}"
+        f"({_short(question.arguments)}) happens twice: its effect is {effect}, and {why}."
     )
 
 
@@ -287,8 +334,12 @@ def _forms(page: Page, question: Question) -> str:
             '<input type="text" name="reason" placeholder="reason the model will see">'
             '<button class="no" name="answer" value="no">refuse</button></form>'
         )
+    # A rerun of a call that did happen does it twice: the form asks first, with the
+    # browser's own check (``required``, no script needed) and the server's (CONFIRM).
     return (
-        f'<form method="post" action="{action}">{hidden}'
+        f'<form method="post" action="{action}" class="rerun-form">{hidden}'
+        f'<label class="confirm"><input type="checkbox" name="confirm" value="{CONFIRM}" '
+        f"required> {e(rerun_warning(question))}</label>"
         '<button class="rerun" name="answer" value="rerun">it did not happen: rerun</button>'
         "</form>"
         f'<form method="post" action="{action}">{hidden}'

@@ -51,6 +51,7 @@ from ..storechoice import StoreChoice, opened_store
 from ..stores import Store
 from ..stores.directory import DirectoryStore
 from .pages import (
+    CONFIRM,
     FileCheck,
     Page,
     error_page,
@@ -262,6 +263,14 @@ def create_app(
         word = str(form.get("answer") or "")
         reason = str(form.get("reason") or "").strip() or None
         result = str(form.get("result") or "").strip() or None
+        if word.strip().lower() == "rerun" and form.get("confirm") != CONFIRM:
+            # A post without the form's checkbox (a script, an old page, a slip): a rerun
+            # of a call that did happen does it twice, so it is never taken unconfirmed.
+            return await one_run(
+                request,
+                notice="answer not saved: a rerun must be confirmed: tick the box that says "
+                "what it may repeat (if the call did happen, a rerun does it twice)",
+            )
         try:
             decision = parse_answer(word, reason=reason, result=result)
             await answer(stores[0], run_id=run_id, call_id=call_id, decision=decision, by="console")
