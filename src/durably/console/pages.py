@@ -362,31 +362,57 @@ def questions_page(page: Page, runs: Sequence[RunSummary], problems: Sequence[st
 # -- one run ------------------------------------------------------------------------------
 
 
+def _money(dollars: float) -> str:
+    return f"${dollars:.4f}"
+
+
 def _spend_chart(state: RunState) -> str:
-    """Dollars spent after each turn, as a small inline SVG line."""
-    points: list[tuple[int, float]] = [(0, 0.0)]
-    total = 0.0
-    for message in state.messages:
-        if isinstance(message, AssistantMessage):
-            total += message.dollars
-            points.append((message.turn or len(points), total))
+    """Dollars spent after each turn, as a small inline SVG: a y-axis in dollars, the line."""
+    kept = [m for m in state.messages if isinstance(m, AssistantMessage)]
+    # Replies a summary replaced are gone from the messages; their cost is in state.dollars.
+    total = max(state.dollars - sum(m.dollars for m in kept), 0.0)
+    points: list[tuple[int, float]] = [(0, total)]
+    for message in kept:
+        total += message.dollars
+        points.append((message.turn or len(points), total))
     if len(points) < 2:
         return '<p class="dim">no model reply yet</p>'
-    width, height, pad = 480, 120, 24
-    top = max(p[1] for p in points) or 1.0
+    width, height = 520, 160
+    left, right, top_pad, bottom = 72, 16, 24, 28
+    spent = points[-1][1]
+    top = max(p[1] for p in points)
+    scale = top or 1.0  # nothing spent: the line lies on the axis, the scale is arbitrary
     last = max(p[0] for p in points) or 1
-    coords = " ".join(
-        f"{pad + (width - 2 * pad) * turn / last:.1f},"
-        f"{height - pad - (height - 2 * pad) * dollars / top:.1f}"
-        for turn, dollars in points
-    )
-    note = "" if state.summarized == 0 else " (after the summary)"
+
+    def x(turn: int) -> float:
+        return left + (width - left - right) * turn / last
+
+    def y(dollars: float) -> float:
+        return height - bottom - (height - top_pad - bottom) * dollars / scale
+
+    coords = " ".join(f"{x(turn):.1f},{y(dollars):.1f}" for turn, dollars in points)
+    ticks = [0.0] if top == 0 else [0.0, top / 2, top]
+    axis = [
+        f'<line class="axis" x1="{left}" y1="{top_pad}" x2="{left}" y2="{height - bottom}" '
+        'stroke="#6b7280"/>',
+        f'<line class="axis" x1="{left}" y1="{height - bottom}" x2="{width - right}" '
+        f'y2="{height - bottom}" stroke="#6b7280"/>',
+    ]
+    for tick in ticks:
+        axis.append(
+            f'<text class="tick" x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" '
+            f'text-anchor="end">{_money(tick)}</text>'
+        )
+    note = "" if state.summarized == 0 else " (the line starts after the summary)"
     return (
         f'<svg class="spend" width="{width}" height="{height}" role="img" '
-        f'aria-label="spend over turns">'
+        f'aria-label="spend over turns">{"".join(axis)}'
         f'<polyline fill="none" stroke="#0b3d91" stroke-width="2" points="{coords}"/>'
-        f'<text x="{pad}" y="16" font-size="11">${top:.4f} after turn {last}{e(note)}</text>'
-        f'<text x="{pad}" y="{height - 6}" font-size="11">turn 0</text></svg>'
+        f'<text class="label" x="{left + 6}" y="16" font-size="11">'
+        f"{_money(spent)} after turn {points[-1][0]}{e(note)}</text>"
+        f'<text x="{left}" y="{height - 8}" font-size="11">turn 0</text>'
+        f'<text x="{width - right}" y="{height - 8}" font-size="11" text-anchor="end">'
+        f"turn {last}</text></svg>"
     )
 
 
@@ -421,7 +447,28 @@ def _timeline(page: Page, state: RunState) -> str:
                 f"{usage.output_tokens} out · ${message.dollars:.4f}</div>"
                 f"{_pre(message.text or '', whole=whole(f'message-{n}'), css='reply')}{calls}</div>"
             )
+    parts.append(_restarts(state))
     return "".join(parts)
+
+
+def _restarts(state: RunState) -> str:
+    """The run's restarts, as a marker after the turns: the state counts them, not when."""
+    if not state.resumes and not state.unsaved_replies:
+        return ""
+    text = f"restarted {state.resumes} time{'' if state.resumes == 1 else 's'} so far"
+    if state.unsaved_replies:
+        lost = state.unsaved_replies
+        one = lost == 1
+        its = "its" if one else "their"
+        text += (
+            f"; {lost} model repl{'y' if one else 'ies'} lost before {its} save, "
+            f"counted at {its} worst case ({_money(state.unsaved_dollars)})"
+        )
+    return (
+        f'<div class="restart" role="note">⟲ {e(text)} '
+        '<span class="dim">(the run state counts restarts but does not record when each '
+        "happened, so they are not placed between the turns)</span></div>"
+    )
 
 
 def _call(
@@ -445,24 +492,33 @@ def _call(
             whole=_whole(page, state.run_id, f"arguments-{call_id}"),
         ),
     ]
-    if marker is not None:
-        lines.append(
-            f"<div>attempt marker: started {e(marker.started_at.isoformat())} "
-            "(the call may have acted)</div>"
-        )
-    resolution = state.resolutions.get(call_id)
-    if resolution is not None:
-        step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}.get(resolution.step, "")
-        lines.append(
-            f"<div>ladder: step {resolution.step} ({e(step)}) → {e(resolution.outcome)}"
-            + (f" · {e(resolution.detail)}" if resolution.detail else "")
-            + (f" · answered by {e(resolution.by)}" if resolution.by else "")
-            + "</div>"
-        )
+    # In the order things happen to a call: the approval (before it may run), the attempt
+    # marker (it started), the ladder's verdict (it was in doubt), a question waiting,
+    # the result. The state keeps the last verdict of each call, without its time.
     # approvals_given outlives the reply; decisions alone is what a checkpoint older than it has.
     decision = state.approvals_given.get(call_id) or state.decisions.get(call_id)
     if decision is not None:
         lines.append(f'<div class="approval">{_approval(decision)}</div>')
+    resolution = state.resolutions.get(call_id)
+    if marker is not None:
+        lines.append(
+            f'<div class="marker">attempt marker: started {e(marker.started_at.isoformat())} '
+            "(the call may have acted)</div>"
+        )
+    if resolution is not None:
+        step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}.get(resolution.step, "")
+        lines.append(
+            f'<div class="verdict">ladder: step {resolution.step} ({e(step)}) → '
+            f"{e(resolution.outcome)}"
+            + (f" · {e(resolution.detail)}" if resolution.detail else "")
+            + (f" · answered by {e(resolution.by)}" if resolution.by else "")
+            + "</div>"
+        )
+        if marker is not None and call_id not in results:
+            lines.append(
+                '<div class="marker">run again after the verdict; no result saved yet '
+                "(it may have acted again)</div>"
+            )
     pending = state.pending.get(call_id)
     if pending is not None:
         lines.append("<div><strong>waiting for a person</strong> (see the questions above)</div>")
