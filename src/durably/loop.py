@@ -432,6 +432,7 @@ class Agent:
         if state.phase is Phase.DONE:
             return Outcome.from_state(state)  # finished: free, no model or tool call
         driver = _Driver(self, handle, state)
+        state.max_dollars = self.limits.max_dollars  # for people; saved with the next save
         await driver.count_resume()
         self._check_agent(state)
         self._check_workspace(state)
@@ -470,6 +471,7 @@ class Agent:
             created_at=self.clock(),
             messages=[UserMessage(text=task)],
             fingerprint=self.fingerprint(),
+            max_dollars=self.limits.max_dollars,
         )
 
     async def _drive_new(self, handle: RunHandle, state: RunState) -> Outcome:

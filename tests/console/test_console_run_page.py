@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import shutil
 from datetime import UTC, datetime
+from pathlib import Path
 
+from durably import Agent, Call, Effect, Limits, Reply, ScriptedModel, ToolContext, Usage, Yes, tool
 from durably.console.pages import Page, run_page
+from durably.decisions import AskLater
 from durably.state import (
     Approval,
     ApprovalKind,
@@ -20,6 +25,7 @@ from durably.state import (
     ToolResult,
     UserMessage,
 )
+from durably.stores.file import FileStore
 
 PAGE = Page(store="runs", root="/t/x/", read_only=True)
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -144,3 +150,76 @@ def test_restarts_are_marked_on_the_timeline() -> None:
         timeline,
     ), timeline
     assert 'class="restart"' not in run_page(PAGE, a_run(replies(0.01)), None)
+
+
+def budget_line(svg: str) -> float:
+    """The height of the chart's budget line; it must have one."""
+    found = re.search(r'<line class="budget" x1="[0-9.]+" y1="([0-9.]+)"', svg)
+    assert found, svg
+    return float(found[1])
+
+
+def test_the_budget_is_a_line_at_its_height_on_the_axis() -> None:
+    """A run with a dollar limit shows it as a line at its dollars; the axis reaches it."""
+    svg = chart(run_page(PAGE, a_run(replies(0.01, 0.02), max_dollars=0.06), None))
+    assert "budget $0.0600 (max_dollars)" in svg
+    assert "$0.0300 after turn 2" in svg
+    found = ticks(svg)
+    assert list(found) == ["$0.0000", "$0.0300", "$0.0600"]
+    assert abs(budget_line(svg) + 4 - found["$0.0600"]) < 0.5
+    assert 'class="budget"' not in chart(run_page(PAGE, a_run(replies(0.01, 0.02)), None))
+
+
+def test_the_run_records_the_dollar_limit_it_ran_with_and_the_chart_draws_it(
+    tmp_path: Path,
+) -> None:
+    """Each process that runs the run records its max_dollars; the page draws the last one."""
+
+    @tool(effect=Effect.KEYED, needs_approval=True)
+    async def refund(ctx: ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def agent(limit: float) -> Agent:
+        model = ScriptedModel(
+            [
+                Reply(
+                    calls=[Call(id="c1", name="refund", arguments='{"order_id": "A-1"}')],
+                    usage=Usage(input_tokens=1000, output_tokens=1000),
+                ),
+                Reply(text="done", usage=Usage(input_tokens=1000, output_tokens=1000)),
+            ]
+        )
+        store = FileStore(tmp_path / "runs")
+        return Agent(
+            model=model,
+            tools=[refund],
+            store=store,
+            approver=AskLater(),
+            limits=Limits(max_dollars=limit),
+        )
+
+    assert asyncio.run(agent(0.05).run("refund A-1", run_id="b1")).status == "paused"
+    assert FileStore(tmp_path / "runs").read_sync("b1").max_dollars == 0.05
+    outcome = asyncio.run(agent(0.5).resume("b1", decisions={"c1": Yes()}))
+    assert outcome.status == "done"
+    state = FileStore(tmp_path / "runs").read_sync("b1")
+    assert state.max_dollars == 0.5
+    svg = chart(run_page(PAGE, state, None))
+    assert "budget $0.5000 (max_dollars)" in svg
+    assert "$0.0360 after turn 2" in svg
+
+
+def test_a_run_saved_before_the_limit_was_recorded_draws_no_budget_line(tmp_path: Path) -> None:
+    """A checkpoint written before ``max_dollars`` existed loads without a limit and no line."""
+    runs = tmp_path / "snapshot"
+    shutil.copytree(Path(__file__).parents[1] / "testdata" / "main-format" / "snapshot", runs)
+    runs.chmod(0o700)
+    for path in runs.iterdir():
+        path.chmod(0o600)
+    assert "max_dollars" not in (runs / "snap-1.json").read_text()
+    state = FileStore(runs).read_sync("snap-1")
+    assert state.max_dollars is None
+    svg = chart(run_page(PAGE, state, None))
+    assert "$0.0042 after turn 5" in svg
+    assert "budget" not in svg

@@ -367,7 +367,10 @@ def _money(dollars: float) -> str:
 
 
 def _spend_chart(state: RunState) -> str:
-    """Dollars spent after each turn, as a small inline SVG: a y-axis in dollars, the line."""
+    """Dollars spent after each turn, as a small inline SVG with a y-axis in dollars.
+
+    The run's dollar limit is a dashed line when the run recorded one (``max_dollars``).
+    """
     kept = [m for m in state.messages if isinstance(m, AssistantMessage)]
     # Replies a summary replaced are gone from the messages; their cost is in state.dollars.
     total = max(state.dollars - sum(m.dollars for m in kept), 0.0)
@@ -380,8 +383,9 @@ def _spend_chart(state: RunState) -> str:
     width, height = 520, 160
     left, right, top_pad, bottom = 72, 16, 24, 28
     spent = points[-1][1]
-    top = max(p[1] for p in points)
-    scale = top or 1.0  # nothing spent: the line lies on the axis, the scale is arbitrary
+    budget = state.max_dollars
+    top = max(max(p[1] for p in points), budget or 0.0)
+    scale = top or 1.0  # nothing spent, no budget: the line lies on the axis
     last = max(p[0] for p in points) or 1
 
     def x(turn: int) -> float:
@@ -402,6 +406,13 @@ def _spend_chart(state: RunState) -> str:
         axis.append(
             f'<text class="tick" x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" '
             f'text-anchor="end">{_money(tick)}</text>'
+        )
+    if budget is not None:
+        axis.append(
+            f'<line class="budget" x1="{left}" y1="{y(budget):.1f}" x2="{width - right}" '
+            f'y2="{y(budget):.1f}" stroke="#a61b1b" stroke-dasharray="6 4"/>'
+            f'<text class="budget" x="{width - right}" y="{y(budget) - 4:.1f}" font-size="11" '
+            f'text-anchor="end" fill="#a61b1b">budget {_money(budget)} (max_dollars)</text>'
         )
     note = "" if state.summarized == 0 else " (the line starts after the summary)"
     return (
