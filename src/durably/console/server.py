@@ -8,9 +8,10 @@ open the printed one, and nothing of a run (another local user can reach
 would reach every other server on the host. Links are written with the prefix,
 forms post under it (another site cannot answer without the token), and the
 access log shows ``/t/…/`` instead of it. ``read_only`` registers no write
-route at all. Only the hosts the console was started for are served (a
-DNS-rebinding page cannot read it), and the Content-Security-Policy allows the
-console's own script only.
+route at all. A ``rerun`` answer is saved only with its form's confirmation
+(``confirm=rerun``): a rerun of a call that did happen does it twice. Only the
+hosts the console was started for are served (a DNS-rebinding page cannot read
+it), and the Content-Security-Policy allows the console's own script only.
 
 Pages are rendered in a worker thread, so a long run does not stop the event
 loop, and the open page polls a change stamp (``?stamp=1``, a few bytes) and
