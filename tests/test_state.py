@@ -127,6 +127,7 @@ FIELDS[RunState] = {
     "dollars": money,
     "unsaved_dollars": money,
     "unsaved_replies": counts,
+    "max_dollars": st.none() | st.floats(min_value=0.01, max_value=1e6),
     "model_call": st.none() | st.builds(ModelCall, **FIELDS[ModelCall]),
     "turns": counts,
     "resumes": counts,

@@ -750,8 +750,12 @@ class RunSession:
         arguments: dict[str, Any],
         *,
         run: Callable[[ToolContext], Awaitable[str]] | None = None,
+        said: str | None = None,
     ) -> bool:
-        """Settle a call that may have acted through the ladder; False when it must pause."""
+        """Settle a call that may have acted through the ladder; False when it must pause.
+
+        ``said``: what the tool's ``ToolInDoubt`` said, when this process heard it.
+        """
         state = self.state
 
         async def before_asking(why: str) -> None:
@@ -764,7 +768,8 @@ class RunSession:
                     arguments=call.arguments,
                     asked_at=self.clock(),
                     kind=ApprovalKind.RESOLVE,
-                    why=why,
+                    # The tool's own words (the person's best clue) travel with the question.
+                    why=why if said is None else f"{why}; the tool said: {said}",
                 )
                 state.phase = Phase.PAUSED
                 await self.save(SavePoint.PAUSE)
@@ -848,9 +853,10 @@ class RunSession:
                 # Already a second try in this process (or nothing to fear): report it.
                 content, is_error = _error_text(exc), True
             else:
-                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=_error_text(exc))
+                said = _error_text(exc)
+                self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=said)
                 return await self.resolve_in_doubt(
-                    call, tool, state.markers[call.id], arguments, run=run
+                    call, tool, state.markers[call.id], arguments, run=run, said=said
                 )
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = _error_text(exc), True

@@ -271,6 +271,7 @@ class Agent:
         if state.phase is Phase.DONE:
             return Outcome.from_state(state)  # finished: free, no model or tool call
         driver = _Driver(self, handle, state)
+        state.max_dollars = self.limits.max_dollars  # for people; saved with the next save
         session = driver.session
         await session.count_restart()
         session.check_agent(self.fingerprint(), allow_change=self.allow_agent_change)
@@ -310,6 +311,7 @@ class Agent:
             created_at=self.clock(),
             messages=[UserMessage(text=task)],
             fingerprint=self.fingerprint(),
+            max_dollars=self.limits.max_dollars,
         )
 
     async def _drive_new(self, handle: RunHandle, state: RunState) -> Outcome:

@@ -286,6 +286,10 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     resume from an unmatched ``model_call``); the budget covers ``dollars`` plus this."""
     unsaved_replies: int = 0
     """How many replies were lost before their save (each counted in ``unsaved_dollars``)."""
+    max_dollars: float | None = None
+    """The dollar limit (``Limits.max_dollars``) of the last process that ran the run, kept
+    for people (the console draws it); None: no limit, or saved before the field. The loop
+    enforces the limit it runs with, never this record of it."""
     model_call: ModelCall | None = None
     """The model call in flight: saved before the call, cleared by the reply's save."""
     turns: int = 0
@@ -445,4 +449,7 @@ def check_ranges(state: RunState, *, path: str = "<memory>") -> RunState:
     for name, amount in amounts.items():
         if not amount >= 0.0 or amount == float("inf"):  # also refuses NaN
             raise CheckpointCorrupt(path=path, reason=f"{name} is {amount}, not a sum spent")
+    limit = state.max_dollars
+    if limit is not None and not 0.0 < limit < float("inf"):  # as Limits refuses it
+        raise CheckpointCorrupt(path=path, reason=f"max_dollars is {limit}, not a dollar limit")
     return state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
+from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, ToolInDoubt, tool
 from durably.decisions import AskLater
 from durably.state import AssistantMessage, ToolCall
 from durably.stores.file import FileStore
@@ -88,3 +88,27 @@ def many_calls_run(runs: Path, turns: int) -> None:
     state.messages = [*state.messages, *replies]
     handle.save_sync(state)
     handle.close_sync()
+
+
+DOUBT = "doubt-1"
+SAID = "the bank's reply never came <b>(timeout)</b>"
+"""What the in-doubt run's tool says with ``ToolInDoubt``: markup, to be shown as text."""
+
+
+def in_doubt_run(runs: Path) -> None:
+    """A run paused on ladder step 3: a refund (a write, no key, no lookup) got no answer."""
+
+    @tool(effect=Effect.WRITE)
+    async def refund(ctx: ToolContext, order_id: str, amount: int) -> str:
+        """Refund an order."""
+        raise ToolInDoubt(SAID)
+
+    model = ScriptedModel(
+        [
+            Reply(
+                calls=[Call(id="c1", name="refund", arguments='{"order_id": "A-17", "amount": 30}')]
+            )
+        ]
+    )
+    agent = Agent(model=model, tools=[refund], store=FileStore(runs), approver=AskLater())
+    assert asyncio.run(agent.run("refund order A-17", run_id=DOUBT)).status == "paused"

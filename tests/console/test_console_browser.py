@@ -20,13 +20,15 @@ from typing import ClassVar
 
 import pytest
 from _console_process import DURABLY, Console
-from _console_runs import HOSTILE, RUN, paused_run
+from _console_runs import DOUBT, HOSTILE, RUN, SAID, in_doubt_run, paused_run
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
+
+from durably.stores.file import FileStore
 
 pytestmark = pytest.mark.slow
 
@@ -252,3 +254,42 @@ def test_no_other_port_of_the_host_receives_the_token(
         assert not any(n.lower() == "cookie" and "durably" in v for n, v in headers.items())
     browser.get(f"{console.base}/questions")
     assert browser.get_cookies() == []
+
+
+def test_rerun_saves_nothing_until_the_person_confirms_what_it_may_repeat(
+    tmp_path: Path, browser: WebDriver, shots: Path, start_console: type[Console]
+) -> None:
+    """Clicking rerun without ticking its confirmation posts nothing; ticking it saves the rerun."""
+    in_doubt_run(tmp_path / "runs")
+    console = start_console(tmp_path, "runs")
+    store = FileStore(tmp_path / "runs")
+    before = store.read_sync(DOUBT)
+
+    browser.get(f"{console.base}/runs/{DOUBT}")
+    wait_for(browser, "main h1", DOUBT)
+    question = browser.find_element(By.CSS_SELECTOR, ".question")
+    assert "the tool said: ToolInDoubt: " + SAID in question.text
+    confirm = question.find_element(By.CSS_SELECTOR, "form.rerun-form input[name=confirm]")
+    label = question.find_element(By.CSS_SELECTOR, "form.rerun-form label.confirm").text
+    assert label.startswith('Run refund again? If it did happen, refund(order_id="A-17"')
+    rerun = question.find_element(By.CSS_SELECTOR, "button.rerun")
+    approve_green = "rgb(27, 127, 59)"
+    assert rerun.value_of_css_property("background-color") != approve_green
+    browser.execute_script("window.__stayed = 7")
+
+    rerun.click()  # not confirmed: the browser's own check keeps the form from posting
+    time.sleep(2)  # longer than a poll: a post would have answered by now
+    assert browser.execute_script("return window.__stayed") == 7  # the page was not left
+    assert browser.execute_script("return arguments[0].validity.valueMissing", confirm)
+    after = store.read_sync(DOUBT)
+    assert (list(after.pending), after.resolutions, after.saved_at) == (["c1"], {}, before.saved_at)
+    full_page(browser, shots / "rerun-unconfirmed.png")
+
+    confirm.click()
+    rerun.click()
+    wait_for(browser, "[role=status]", "answer to c1 saved: rerun by console")
+    saved = store.read_sync(DOUBT)
+    assert saved.pending == {}
+    assert (saved.resolutions["c1"].step, saved.resolutions["c1"].outcome) == (3, "rerun")
+    assert saved.resolutions["c1"].by == "console"
+    full_page(browser, shots / "rerun-confirmed.png")

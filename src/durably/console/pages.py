@@ -25,6 +25,7 @@ from ..listing import RunSummary
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = [
+    "CONFIRM",
     "SHOWN",
     "FileCheck",
     "Page",
@@ -33,6 +34,7 @@ __all__ = [
     "locked_page",
     "questions_page",
     "questions_version",
+    "rerun_warning",
     "run_page",
     "runs_page",
     "runs_version",
@@ -44,6 +46,10 @@ SHOWN = 20_000
 """Characters of one text a page shows before the link to the whole: pages more than a
 screenful of text each are read through the link, and a 100 MB reply rendered whole
 took 23 s and 210 MB of HTML per poll (issue 31)."""
+
+
+TOOL_SAID = "; the tool said: "
+"""How the loop joins a tool's ``ToolInDoubt`` text to the ladder's reason in a question's why."""
 
 
 def e(text: object) -> str:
@@ -264,12 +270,53 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
     if with_run:
         link = f"{page.root}runs/{quote(question.run_id)}"
         head += f'<div>run <a href="{e(link)}">{e(question.run_id)}</a></div>'
-    why = f"<div>why a person: {e(question.why)}</div>" if question.why else ""
+    why = ""
+    if question.why:
+        # The loop appends the tool's ToolInDoubt text to the ladder's reason.
+        reason, _, said = question.why.partition(TOOL_SAID)
+        why = f"<div>why a person: {e(reason)}</div>"
+        if said:
+            why += f'<div class="said">the tool said: <code>{e(said)}</code></div>'
+
     whole = _whole(page, question.run_id, f"arguments-{question.call_id}")
     args = _pre(_arguments(question.arguments), whole=whole)
     return (
         f'<div class="question" id="q-{e(question.call_id)}" data-run="{e(question.run_id)}" '
         f'data-call="{e(question.call_id)}">{head}{why}{args}{_forms(page, question)}</div>'
+    )
+
+
+CONFIRM = "rerun"
+"""The value of the rerun form's ``confirm`` checkbox: a rerun posted without it saves nothing."""
+
+_REPEAT = {
+    "write": "it writes without a key, so the service cannot tell the repeat from a new request",
+    "keyed": "its key is past the time the service remembers keys, so the repeat may not be "
+    "dropped",
+}
+"""Why a repeat lands twice, by the tool's effect (the ladder asks a person about no other)."""
+
+
+def _short(arguments: str, limit: int = 120) -> str:
+    """A call's arguments in one short line: ``name="value", ...`` from JSON, else as sent."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items())
+    else:
+        text = " ".join(arguments.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def rerun_warning(question: Question) -> str:
+    """What a rerun may repeat, as the confirmation asks it: the tool, its effect, its arguments."""
+    effect = question.effect or "unknown"
+    why = _REPEAT.get(effect, "a repeat may not be harmless")
+    return (
+        f"Run {question.tool} again? If it did happen, {question.tool}"
+        f"({_short(question.arguments)}) happens twice: its effect is {effect}, and {why}."
     )
 
 
@@ -287,8 +334,12 @@ def _forms(page: Page, question: Question) -> str:
             '<input type="text" name="reason" placeholder="reason the model will see">'
             '<button class="no" name="answer" value="no">refuse</button></form>'
         )
+    # A rerun of a call that did happen does it twice: the form asks first, with the
+    # browser's own check (``required``, no script needed) and the server's (CONFIRM).
     return (
-        f'<form method="post" action="{action}">{hidden}'
+        f'<form method="post" action="{action}" class="rerun-form">{hidden}'
+        f'<label class="confirm"><input type="checkbox" name="confirm" value="{CONFIRM}" '
+        f"required> {e(rerun_warning(question))}</label>"
         '<button class="rerun" name="answer" value="rerun">it did not happen: rerun</button>'
         "</form>"
         f'<form method="post" action="{action}">{hidden}'
@@ -311,31 +362,68 @@ def questions_page(page: Page, runs: Sequence[RunSummary], problems: Sequence[st
 # -- one run ------------------------------------------------------------------------------
 
 
+def _money(dollars: float) -> str:
+    return f"${dollars:.4f}"
+
+
 def _spend_chart(state: RunState) -> str:
-    """Dollars spent after each turn, as a small inline SVG line."""
-    points: list[tuple[int, float]] = [(0, 0.0)]
-    total = 0.0
-    for message in state.messages:
-        if isinstance(message, AssistantMessage):
-            total += message.dollars
-            points.append((message.turn or len(points), total))
+    """Dollars spent after each turn, as a small inline SVG with a y-axis in dollars.
+
+    The run's dollar limit is a dashed line when the run recorded one (``max_dollars``).
+    """
+    kept = [m for m in state.messages if isinstance(m, AssistantMessage)]
+    # Replies a summary replaced are gone from the messages; their cost is in state.dollars.
+    total = max(state.dollars - sum(m.dollars for m in kept), 0.0)
+    points: list[tuple[int, float]] = [(0, total)]
+    for message in kept:
+        total += message.dollars
+        points.append((message.turn or len(points), total))
     if len(points) < 2:
         return '<p class="dim">no model reply yet</p>'
-    width, height, pad = 480, 120, 24
-    top = max(p[1] for p in points) or 1.0
+    width, height = 520, 160
+    left, right, top_pad, bottom = 72, 16, 24, 28
+    spent = points[-1][1]
+    budget = state.max_dollars
+    top = max(max(p[1] for p in points), budget or 0.0)
+    scale = top or 1.0  # nothing spent, no budget: the line lies on the axis
     last = max(p[0] for p in points) or 1
-    coords = " ".join(
-        f"{pad + (width - 2 * pad) * turn / last:.1f},"
-        f"{height - pad - (height - 2 * pad) * dollars / top:.1f}"
-        for turn, dollars in points
-    )
-    note = "" if state.summarized == 0 else " (after the summary)"
+
+    def x(turn: int) -> float:
+        return left + (width - left - right) * turn / last
+
+    def y(dollars: float) -> float:
+        return height - bottom - (height - top_pad - bottom) * dollars / scale
+
+    coords = " ".join(f"{x(turn):.1f},{y(dollars):.1f}" for turn, dollars in points)
+    ticks = [0.0] if top == 0 else [0.0, top / 2, top]
+    axis = [
+        f'<line class="axis" x1="{left}" y1="{top_pad}" x2="{left}" y2="{height - bottom}" '
+        'stroke="#6b7280"/>',
+        f'<line class="axis" x1="{left}" y1="{height - bottom}" x2="{width - right}" '
+        f'y2="{height - bottom}" stroke="#6b7280"/>',
+    ]
+    for tick in ticks:
+        axis.append(
+            f'<text class="tick" x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" '
+            f'text-anchor="end">{_money(tick)}</text>'
+        )
+    if budget is not None:
+        axis.append(
+            f'<line class="budget" x1="{left}" y1="{y(budget):.1f}" x2="{width - right}" '
+            f'y2="{y(budget):.1f}" stroke="#a61b1b" stroke-dasharray="6 4"/>'
+            f'<text class="budget" x="{width - right}" y="{y(budget) - 4:.1f}" font-size="11" '
+            f'text-anchor="end" fill="#a61b1b">budget {_money(budget)} (max_dollars)</text>'
+        )
+    note = "" if state.summarized == 0 else " (the line starts after the summary)"
     return (
         f'<svg class="spend" width="{width}" height="{height}" role="img" '
-        f'aria-label="spend over turns">'
+        f'aria-label="spend over turns">{"".join(axis)}'
         f'<polyline fill="none" stroke="#0b3d91" stroke-width="2" points="{coords}"/>'
-        f'<text x="{pad}" y="16" font-size="11">${top:.4f} after turn {last}{e(note)}</text>'
-        f'<text x="{pad}" y="{height - 6}" font-size="11">turn 0</text></svg>'
+        f'<text class="label" x="{left + 6}" y="16" font-size="11">'
+        f"{_money(spent)} after turn {points[-1][0]}{e(note)}</text>"
+        f'<text x="{left}" y="{height - 8}" font-size="11">turn 0</text>'
+        f'<text x="{width - right}" y="{height - 8}" font-size="11" text-anchor="end">'
+        f"turn {last}</text></svg>"
     )
 
 
@@ -370,7 +458,28 @@ def _timeline(page: Page, state: RunState) -> str:
                 f"{usage.output_tokens} out · ${message.dollars:.4f}</div>"
                 f"{_pre(message.text or '', whole=whole(f'message-{n}'), css='reply')}{calls}</div>"
             )
+    parts.append(_restarts(state))
     return "".join(parts)
+
+
+def _restarts(state: RunState) -> str:
+    """The run's restarts, as a marker after the turns: the state counts them, not when."""
+    if not state.resumes and not state.unsaved_replies:
+        return ""
+    text = f"restarted {state.resumes} time{'' if state.resumes == 1 else 's'} so far"
+    if state.unsaved_replies:
+        lost = state.unsaved_replies
+        one = lost == 1
+        its = "its" if one else "their"
+        text += (
+            f"; {lost} model repl{'y' if one else 'ies'} lost before {its} save, "
+            f"counted at {its} worst case ({_money(state.unsaved_dollars)})"
+        )
+    return (
+        f'<div class="restart" role="note">⟲ {e(text)} '
+        '<span class="dim">(the run state counts restarts but does not record when each '
+        "happened, so they are not placed between the turns)</span></div>"
+    )
 
 
 def _call(
@@ -394,24 +503,33 @@ def _call(
             whole=_whole(page, state.run_id, f"arguments-{call_id}"),
         ),
     ]
-    if marker is not None:
-        lines.append(
-            f"<div>attempt marker: started {e(marker.started_at.isoformat())} "
-            "(the call may have acted)</div>"
-        )
-    resolution = state.resolutions.get(call_id)
-    if resolution is not None:
-        step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}.get(resolution.step, "")
-        lines.append(
-            f"<div>ladder: step {resolution.step} ({e(step)}) → {e(resolution.outcome)}"
-            + (f" · {e(resolution.detail)}" if resolution.detail else "")
-            + (f" · answered by {e(resolution.by)}" if resolution.by else "")
-            + "</div>"
-        )
+    # In the order things happen to a call: the approval (before it may run), the attempt
+    # marker (it started), the ladder's verdict (it was in doubt), a question waiting,
+    # the result. The state keeps the last verdict of each call, without its time.
     # approvals_given outlives the reply; decisions alone is what a checkpoint older than it has.
     decision = state.approvals_given.get(call_id) or state.decisions.get(call_id)
     if decision is not None:
         lines.append(f'<div class="approval">{_approval(decision)}</div>')
+    resolution = state.resolutions.get(call_id)
+    if marker is not None:
+        lines.append(
+            f'<div class="marker">attempt marker: started {e(marker.started_at.isoformat())} '
+            "(the call may have acted)</div>"
+        )
+    if resolution is not None:
+        step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}.get(resolution.step, "")
+        lines.append(
+            f'<div class="verdict">ladder: step {resolution.step} ({e(step)}) → '
+            f"{e(resolution.outcome)}"
+            + (f" · {e(resolution.detail)}" if resolution.detail else "")
+            + (f" · answered by {e(resolution.by)}" if resolution.by else "")
+            + "</div>"
+        )
+        if marker is not None and call_id not in results:
+            lines.append(
+                '<div class="marker">run again after the verdict; no result saved yet '
+                "(it may have acted again)</div>"
+            )
     pending = state.pending.get(call_id)
     if pending is not None:
         lines.append("<div><strong>waiting for a person</strong> (see the questions above)</div>")

@@ -8,9 +8,10 @@ open the printed one, and nothing of a run (another local user can reach
 would reach every other server on the host. Links are written with the prefix,
 forms post under it (another site cannot answer without the token), and the
 access log shows ``/t/…/`` instead of it. ``read_only`` registers no write
-route at all. Only the hosts the console was started for are served (a
-DNS-rebinding page cannot read it), and the Content-Security-Policy allows the
-console's own script only.
+route at all. A ``rerun`` answer is saved only with its form's confirmation
+(``confirm=rerun``): a rerun of a call that did happen does it twice. Only the
+hosts the console was started for are served (a DNS-rebinding page cannot read
+it), and the Content-Security-Policy allows the console's own script only.
 
 Pages are rendered in a worker thread, so a long run does not stop the event
 loop, and the open page polls a change stamp (``?stamp=1``, a few bytes) and
@@ -51,6 +52,7 @@ from ..storechoice import StoreChoice, opened_store
 from ..stores import Store
 from ..stores.directory import DirectoryStore
 from .pages import (
+    CONFIRM,
     FileCheck,
     Page,
     error_page,
@@ -262,6 +264,14 @@ def create_app(
         word = str(form.get("answer") or "")
         reason = str(form.get("reason") or "").strip() or None
         result = str(form.get("result") or "").strip() or None
+        if word.strip().lower() == "rerun" and form.get("confirm") != CONFIRM:
+            # A post without the form's checkbox (a script, an old page, a slip): a rerun
+            # of a call that did happen does it twice, so it is never taken unconfirmed.
+            return await one_run(
+                request,
+                notice="answer not saved: a rerun must be confirmed: tick the box that says "
+                "what it may repeat (if the call did happen, a rerun does it twice)",
+            )
         try:
             decision = parse_answer(word, reason=reason, result=result)
             await answer(stores[0], run_id=run_id, call_id=call_id, decision=decision, by="console")
