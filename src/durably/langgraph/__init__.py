@@ -21,7 +21,6 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs LangGrap
 
 from ._saver import PRUNE_STRATEGIES as PRUNE_STRATEGIES
 from ._saver import DurablySaver as DurablySaver
-from ._saver import safe_serializer as safe_serializer
 from ._thread import ThreadLocked as ThreadLocked
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadLocked", "safe_serializer"]
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadLocked"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -41,7 +41,6 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .. import faults
 from .._sysio import FileSystem
@@ -58,25 +57,12 @@ from ._thread import (
     value_chain,
 )
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "safe_serializer"]
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver"]
 
 _T = TypeVar("_T")
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 """The strategies :meth:`DurablySaver.prune` accepts (LangGraph's names)."""
-
-
-def safe_serializer(allowed: Iterable[tuple[str, str] | type] = ()) -> JsonPlusSerializer:
-    """LangGraph's serializer, rebuilding only its safe list of types and ``allowed``.
-
-    LangGraph's own default allows every type (with a warning) unless
-    ``LANGGRAPH_STRICT_MSGPACK`` is set; durably's savers never do, since a thread
-    file that another process or person could have written would then choose which
-    code runs when it is read.
-    """
-    strict = JsonPlusSerializer(allowed_msgpack_modules=None)
-    allowed = tuple(allowed)
-    return strict.with_msgpack_allowlist(allowed) if allowed else strict
 
 
 class DurablySaver(BaseCheckpointSaver[str]):
@@ -93,16 +79,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         directory: where the threads' files live; created (0700) if missing.
         sync: flush every write to stable storage before returning. Turn off only
             where power loss does not matter (a killed process still loses nothing).
-        serde: LangGraph's serializer for values. By default a ``JsonPlusSerializer``
-            that rebuilds only the types on LangGraph's safe list (LangChain's messages
-            and documents, LangGraph's own types, the standard library's dates, paths,
-            sets and the like): a thread file names the classes its values are rebuilt
-            with, so reading one that lists any class would import and call it (a record
-            naming ``os.system`` runs a command). A value of another type is read back
-            as its raw fields, and LangGraph logs that it blocked the type.
-        allowed_msgpack_modules: more types the default serializer may rebuild, as
-            classes or ``(module, name)`` pairs: your state's own dataclasses or
-            Pydantic models. Give either this or ``serde``, not both.
+        serde: LangGraph's serializer for values (``JsonPlusSerializer`` by default).
         fs: the system-call seam (tests inject faults or the power-loss model here).
         allow_network_fs: use a network file system anyway, where ``flock`` may not
             exclude a process on another machine.
@@ -114,17 +91,10 @@ class DurablySaver(BaseCheckpointSaver[str]):
         *,
         sync: bool = True,
         serde: SerializerProtocol | None = None,
-        allowed_msgpack_modules: Iterable[tuple[str, str] | type] = (),
         fs: FileSystem | None = None,
         allow_network_fs: bool = False,
     ) -> None:
-        allowed = tuple(allowed_msgpack_modules)
-        if serde is not None and allowed:
-            raise TypeError(
-                "DurablySaver: give serde= or allowed_msgpack_modules=, not both; widen your own "
-                "serializer with its with_msgpack_allowlist(...)"
-            )
-        super().__init__(serde=serde or safe_serializer(allowed))
+        super().__init__(serde=serde)
         self.store = ThreadStore(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
         self._owned: dict[str, ThreadLog] = {}
         self._lock = threading.RLock()
