@@ -21,10 +21,11 @@ did after it would first wait to get the GIL back (design.md, LangGraph saver).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -41,9 +42,12 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.event_hooks import SerdeEvent, register_serde_event_listener
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .. import faults
 from .._sysio import FileSystem
+from ..errors import CheckpointCorrupt, StorageError
 from ..stores.file import _off_the_loop
 from ._thread import (
     Blob,
@@ -57,9 +61,49 @@ from ._thread import (
     value_chain,
 )
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver"]
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadValueRefused"]
 
 _T = TypeVar("_T")
+
+
+class ThreadValueRefused(StorageError):
+    """Raised when a thread's value names a type the saver does not load; nothing of it ran.
+
+    Allow the type with ``DurablySaver(..., allowed_types=[...])`` if the graph stores it;
+    otherwise the thread's files were altered.
+    """
+
+    __module__ = "durably.langgraph"
+
+    def __init__(self, *, thread_id: str, directory: str, module: str, name: str) -> None:
+        self.thread_id = thread_id
+        self.directory = directory
+        self.module = module
+        self.name = name
+        super().__init__(
+            f"thread {thread_id!r} in {directory} holds a value naming {module}.{name}, which "
+            "this DurablySaver does not load (it is not in its allowlist), so it was neither "
+            "imported nor called; if your graph stores that type, allow it: "
+            f"DurablySaver(..., allowed_types=[({module!r}, {name!r})]); if it does not, the "
+            "thread's files were altered: inspect them"
+        )
+
+
+_refusals: contextvars.ContextVar[list[SerdeEvent] | None] = contextvars.ContextVar(
+    "durably_langgraph_refusals", default=None
+)
+"""The serializer's refusals during the saver's current read, in this thread (else None)."""
+
+
+def _note_refusal(event: SerdeEvent) -> None:
+    # LangGraph's strict serializer returns a refused value's arguments in its place and
+    # only logs: the saver turns any refusal during its read into an error.
+    seen = _refusals.get()
+    if seen is not None and event["kind"] in ("msgpack_blocked", "msgpack_method_blocked"):
+        seen.append(event)
+
+
+register_serde_event_listener(_note_refusal)
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 """The strategies :meth:`DurablySaver.prune` accepts (LangGraph's names)."""
@@ -79,7 +123,15 @@ class DurablySaver(BaseCheckpointSaver[str]):
         directory: where the threads' files live; created (0700) if missing.
         sync: flush every write to stable storage before returning. Turn off only
             where power loss does not matter (a killed process still loses nothing).
-        serde: LangGraph's serializer for values (``JsonPlusSerializer`` by default).
+        serde: LangGraph's serializer for values. By default a ``JsonPlusSerializer``
+            that builds only the types on LangGraph's safe list (LangChain's messages and
+            documents, LangGraph's ``Send``/``Command``/``Interrupt``, ``datetime``,
+            ``uuid``, ``decimal``, sets, ``deque``, paths...) and those in
+            ``allowed_types``: a value naming any other callable is refused on read
+            (:class:`ThreadValueRefused`), never imported or called.
+        allowed_types: more types the default serializer may build, as classes or
+            ``(module, name)`` pairs: the application's own state types (dataclasses,
+            pydantic models, enums). Not with ``serde`` (give that one its allowlist).
         fs: the system-call seam (tests inject faults or the power-loss model here).
         allow_network_fs: use a network file system anyway, where ``flock`` may not
             exclude a process on another machine.
@@ -91,10 +143,19 @@ class DurablySaver(BaseCheckpointSaver[str]):
         *,
         sync: bool = True,
         serde: SerializerProtocol | None = None,
+        allowed_types: Iterable[tuple[str, str] | type] = (),
         fs: FileSystem | None = None,
         allow_network_fs: bool = False,
     ) -> None:
-        super().__init__(serde=serde)
+        allowed = tuple(allowed_types)
+        if serde is not None and allowed:
+            raise ValueError(
+                "give allowed_types to the serializer you pass as serde "
+                "(JsonPlusSerializer(allowed_msgpack_modules=...)), not to DurablySaver"
+            )
+        # LangGraph's own default builds any callable a record names (os.system too);
+        # None is its strict mode: only the safe list, plus what the application allows.
+        super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=allowed or None))
         self.store = ThreadStore(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
         self._owned: dict[str, ThreadLog] = {}
         self._lock = threading.RLock()
@@ -343,11 +404,13 @@ class DurablySaver(BaseCheckpointSaver[str]):
             handle = self._borrow(target_thread_id)
             try:
                 records = handle.index.rewritten(
-                    keep=None, versions=self._versions(handle.index, None), start=1
+                    keep=None,
+                    versions=self._versions(target_thread_id, handle.index, None),
+                    start=1,
                 )
                 records += source.rewritten(
                     keep=None,
-                    versions=self._versions(source, None),
+                    versions=self._versions(source_thread_id, source, None),
                     start=len(records) + 1,
                 )
                 self._guarded(handle, lambda: handle.rewrite(records))
@@ -528,15 +591,15 @@ class DurablySaver(BaseCheckpointSaver[str]):
             self._guarded(handle, handle.delete)
             return
         records = handle.index.rewritten(
-            keep=keep, versions=self._versions(handle.index, keep), start=1
+            keep=keep, versions=self._versions(handle.thread_id, handle.index, keep), start=1
         )
         self._guarded(handle, lambda: handle.rewrite(records))
 
     def _versions(
-        self, index: Index, keep: set[tuple[str, str]] | None
+        self, thread_id: str, index: Index, keep: set[tuple[str, str]] | None
     ) -> dict[tuple[str, str], Any]:
         return {
-            (ns, cid): self.serde.loads_typed(record.checkpoint).get("channel_versions", {})
+            (ns, cid): self._loads(thread_id, record.checkpoint).get("channel_versions", {})
             for ns, by_id in index.checkpoints.items()
             for cid, record in by_id.items()
             if keep is None or (ns, cid) in keep
@@ -559,7 +622,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
             return None
         known = handle.previous.get((ns, channel))
         if known is None or known[0] is not tip:
-            previous = self._value(tip)
+            previous = self._value(handle.thread_id, tip)
             if not isinstance(previous, list):
                 return None
             known = (tip, previous)
@@ -570,27 +633,50 @@ class DurablySaver(BaseCheckpointSaver[str]):
             return None
         return tip, length
 
-    def _value(self, node: Node) -> Any:
+    def _loads(self, thread_id: str, typed: tuple[str, bytes]) -> Any:
+        """``serde.loads_typed``, refusing a value that names a type outside the allowlist."""
+        refusals: list[SerdeEvent] = []
+        token = _refusals.set(refusals)
+        try:
+            value = self.serde.loads_typed(typed)
+        except NotImplementedError as exc:  # a type tag it does not read ("pickle")
+            raise CheckpointCorrupt(
+                path=f"{self.store.directory} (thread {thread_id!r})",
+                reason=f"a value is stored as {typed[0]!r}, which this saver does not read",
+            ) from exc
+        finally:
+            _refusals.reset(token)
+        if refusals:
+            first = refusals[0]
+            raise ThreadValueRefused(
+                thread_id=thread_id,
+                directory=str(self.store.directory),
+                module=first["module"],
+                name=first["name"],
+            )
+        return value
+
+    def _value(self, thread_id: str, node: Node) -> Any:
         value: Any = None
         for part in value_chain(node):
-            decoded = self.serde.loads_typed((part.type, part.data))
+            decoded = self._loads(thread_id, (part.type, part.data))
             value = decoded if part.base is None else value + decoded
         return value
 
     def _tuple(self, thread_id: str, index: Index, record: Put) -> CheckpointTuple:
         ns = record.ns
-        checkpoint = self.serde.loads_typed(record.checkpoint)
+        checkpoint = self._loads(thread_id, record.checkpoint)
         values: dict[str, Any] = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
             node = index.nodes.get((ns, channel, version))
             if node is None or node.type == "empty":
                 continue
-            values[channel] = self._value(node)
+            values[channel] = self._value(thread_id, node)
         checkpoint["channel_values"] = values
         stored = index.writes.get((ns, record.id), {})
         ordered = sorted(stored.items(), key=lambda kv: writes_sort_key(kv[1][4], *kv[0]))
         pending = [
-            (task_id, channel, self.serde.loads_typed((type_, data)))
+            (task_id, channel, self._loads(thread_id, (type_, data)))
             for _, (task_id, channel, type_, data, _path) in ordered
         ]
         parent = (
@@ -613,7 +699,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 }
             },
             checkpoint=checkpoint,
-            metadata=self.serde.loads_typed(record.metadata),
+            metadata=self._loads(thread_id, record.metadata),
             parent_config=parent,  # type: ignore[arg-type]
             pending_writes=pending,
         )
@@ -654,7 +740,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 if before_id is not None and record.id >= before_id:
                     continue
                 if filter:
-                    metadata = self.serde.loads_typed(record.metadata)
+                    metadata = self._loads(thread_id, record.metadata)
                     if not all(metadata.get(k) == v for k, v in filter.items()):
                         continue
                 if left is not None:

@@ -434,12 +434,7 @@ class ThreadStore(JournalStore):
         dir_fd = self._directory_fd()
         lock_name = key + _LOCK_SUFFIX
         self._refuse_symlink(lock_name, dir_fd)
-        try:
-            lock_fd = self.fs.open(
-                lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dir_fd
-            )
-        except OSError as exc:
-            raise self._translate(exc, lock_name, thread_id) from exc
+        lock_fd = self._open_lock(lock_name, thread_id, dir_fd)  # ours, regular, never blocking
         if not self.fs.lock(lock_fd):
             self.fs.close(lock_fd)
             raise ThreadLocked(thread_id=thread_id, path=self._path(lock_name))
@@ -547,16 +542,11 @@ class ThreadStore(JournalStore):
     def _read_header(self, key: str, thread_id: str | None, dir_fd: int) -> _Header | None:
         name = key + _HEADER_SUFFIX
         path = self._path(name)
-        try:
-            fd = self.fs.open(name, os.O_RDONLY | _NOFOLLOW, 0, dir_fd=dir_fd)
-        except FileNotFoundError:
+        # As the stores read theirs: O_NONBLOCK (a FIFO here is refused, not waited on),
+        # and only a regular file this user owns and nobody else can write (issue 31).
+        data = self._read_trusted(name, thread_id or key, dir_fd)
+        if data is None:
             return None
-        except OSError as exc:
-            raise self._translate(exc, name, thread_id or key) from exc
-        try:
-            data = self.fs.read(fd)
-        finally:
-            self.fs.close(fd)
         try:
             header = _header_decoder.decode(data)
         except msgspec.DecodeError as exc:
