@@ -157,7 +157,7 @@ def test_sigterm_prints_what_ran_marked_partial_and_fails() -> None:
     """
     pid, fd = _on_a_terminal("--depth", "2", "--config", "keys honoured")
     # The bar has counted a batch of first crashes: scenarios have been judged.
-    _read(fd, until=re.compile(rb" [1-9]\d* scenarios"))
+    _read(fd, until=re.compile(rb"[1-9]\d*/\d+"))
     os.kill(pid, signal.SIGTERM)
     shown = _plain(_read(fd))
     assert _exit_code(pid) == 128 + signal.SIGTERM, shown
