@@ -11,11 +11,14 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from _helpers.mutants import ENV
 
@@ -189,3 +192,21 @@ def _in_session(session: int) -> list[int]:
             except OSError:  # gone meanwhile
                 continue
     return found
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="the system-call sweep needs strace")
+def test_the_system_call_sweeps_children_warnings_are_counted_not_printed() -> None:
+    """`--syscalls --depth 2`: each traced child's "reply was lost" warnings are in the count
+    at the end, not on the terminal one by one (they scrolled over the progress line).
+    """
+    done = _sweep(
+        *("--syscalls", "--depth", "2", "--sample", "3", "--stores", "snapshot"),
+    )
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout + done.stderr
+    mentions = [line for line in shown.splitlines() if "was lost before its save" in line]
+    assert mentions, shown[-3000:]
+    assert all(re.match(r"^ +\d+ x turn N's reply was lost", line) for line in mentions), mentions
+    counted = re.search(r"children's warnings: (\d+) \(counted, not shown\)", shown)
+    assert counted, shown[-3000:]
+    assert int(counted[1]) > 0

@@ -265,7 +265,9 @@ def verdict(rows: Sequence[Row], *, partial: str | None = None) -> tuple[bool, s
     )
     if partial is not None:
         ran = [row for row in rows if row.scenarios]
-        line = f"verdict: partial — {partial}; only {len(ran)} of {len(rows)} rows ran any scenario"
+        line = f"verdict: partial — {partial}"
+        if len(ran) < len(rows):
+            line += f"; only {len(ran)} of {len(rows)} rows ran any scenario"
         if wrong:
             line += "; wrong so far: " + "; ".join(w for w in wrong if "no scenario ran" not in w)
         return False, line

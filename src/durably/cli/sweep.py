@@ -256,9 +256,11 @@ def _crash_sweep(
     job = TriageJob(args.task)
     ran: list[ScenarioResult] = []
     with Bar(errors, "first crashes") as bar:
-        bar.stage("sweep: first crashes")
+        bar.stage("sweep: recording crash points")
 
         def progress(done: int, total: int) -> None:
+            if not firsts[1]:  # the first call: recording is over, the scenarios begin
+                bar.stage("sweep: first crashes")
             firsts[1] = total
             bar.extra = f"{len(ran)} scenarios"
             bar.progress(done, total)
