@@ -224,17 +224,30 @@ def test_second_crashes_from_the_kept_disk_judge_as_from_fresh_worlds(
     assert verdicts(kept) == verdicts(fresh)
 
 
-def test_progress_counts_every_scenario_and_ends_at_the_true_total() -> None:
-    """Progress rises one group at a time, never past its total, and ends with both exact."""
+def test_progress_has_its_total_before_the_first_scenario_and_never_changes_it() -> None:
+    """The bar's total is the first crashes, known before any scenario runs: the first call
+    gives it with nothing done, every later call gives the same total, and done only rises,
+    to it. A total of scenarios moved: depth-2 scenarios are found only by first restarts.
+    """
     calls: list[tuple[int, int]] = []
+    seen: list[int] = []
     report = run_sweep(
-        RefundJob(), configs=CONFIGS[:1], depth=2, jobs=2, progress=lambda *c: calls.append(c)
+        RefundJob(),
+        configs=CONFIGS[:1],
+        depth=2,
+        jobs=2,
+        progress=lambda *c: calls.append(c),
+        on_results=lambda found: seen.append(len(found)),
     )
+    total = calls[0][1]
+    assert calls[0] == (0, total)
+    assert total == len([r for r in report.results if r.depth == 1])  # one per first crash
+    assert {t for _, t in calls} == {total}
     done = [d for d, _ in calls]
-    assert done == sorted(set(done))  # rising, one group at a time
-    assert all(d <= total for d, total in calls)
-    assert calls[-1] == (len(report.results), len(report.results))
-    assert any(total > done for done, total in calls[:-1])  # second crashes were expected early
+    assert done == sorted(set(done))
+    assert done[-1] == total
+    assert len(calls) > 2  # more than one batch: the total held while work was done
+    assert sum(seen) == len(report.results)  # every scenario reported as it was judged
 
 
 def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture[str]) -> None:

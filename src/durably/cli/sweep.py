@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..stores.file import FileStore
+    from ..sweep.core import Config, Row, ScenarioResult
+    from ._sweep_view import Bar
 
 __all__ = ["add_sweep_command"]
 
@@ -46,14 +49,20 @@ def _finish(report: _Report, args: argparse.Namespace, errors: Console, most: in
 
 
 def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
-    """Every power cut at every operation of both stores' saves: how many disks, how many wrong."""
+    """Every power cut at every operation of both stores' saves: how many disks, how many wrong.
+
+    Ten phases, each named on the progress line with how far it is, and each
+    logged with what it took when done; Ctrl-C or SIGTERM prints what ran.
+    """
     import functools
 
     from rich.table import Table
 
     from ..stores.file import FileStore
     from ..stores.journal import JournalStore
+    from ..sweep._output import captured
     from ..sweep.powerloss import MUTANTS, check_lock_exclusion, explore
+    from ._sweep_view import Bar, Terminated, clock, interrupt_exit, interruptible, print_children
 
     stores: dict[str, Callable[..., FileStore]] = {
         "snapshot": FileStore,
@@ -63,50 +72,131 @@ def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
         ),
     }
     table = Table(title="power-loss model: every legal disk after every operation")
-    for header in ("store", "mode", "points", "disk states", "images loaded", "violations"):
+    for header in ("store", "mode", "points", "disk states", "images", "violations"):
         table.add_column(header, justify="left" if header in ("store", "mode") else "right")
-    violations = 0
-    for name, store in stores.items():
-        for resume in (False, True):
-            found = explore(saves=4, store=store, resume=resume)
-            violations += len(found.violations)
-            table.add_row(
-                name,
-                "open (restart)" if resume else "read",
-                str(found.points),
-                str(found.states),
-                str(found.images),
-                str(len(found.violations)),
-                style="red" if found.violations else "",
-            )
-            for violation in found.violations[:3]:
-                errors.print(f"[red]violation:[/red] {name}: {violation}")
-    lock = check_lock_exclusion()
-    violations += len(lock)
+    phases = 2 * len(stores) + 4
+    phase = [0]
+    found: list[str] = []
+    wrong: list[str] = []
+    stopped: KeyboardInterrupt | None = None
+
+    def begin(what: str) -> float:
+        phase[0] += 1
+        bar.stage(f"power loss {phase[0]}/{phases}: {what}")
+        return bar.elapsed
+
+    def done(what: str, since: float) -> None:
+        found.append(f"{what} ({clock(bar.elapsed - since)})")
+        errors.print(f"power loss {phase[0]}/{phases}: {what} in {clock(bar.elapsed - since)}")
+
+    with Bar(errors, "scenarios") as bar:
+        try:
+            with captured() as children, interruptible():
+                for name, store in stores.items():
+                    for resume in (False, True):
+                        mode = "open (restart)" if resume else "read"
+                        since = begin(f"model, {name}, {mode}")
+                        explored = explore(saves=4, store=store, resume=resume)
+                        table.add_row(
+                            name,
+                            mode,
+                            str(explored.points),
+                            str(explored.states),
+                            str(explored.images),
+                            str(len(explored.violations)),
+                            style="red" if explored.violations else "",
+                        )
+                        for violation in explored.violations[:3]:
+                            errors.print(f"[red]violation:[/red] {name}: {violation}")
+                        if explored.violations:
+                            wrong.append(f"{name} ({mode}): {len(explored.violations)} violations")
+                        done(f"{name}, {mode}: {explored.states} disk states", since)
+                since = begin("lock exclusion")
+                lock = check_lock_exclusion()
+                if lock:
+                    wrong.append(f"lock exclusion: {len(lock)} violations")
+                done(f"lock exclusion: {len(lock)} violations", since)
+                since = begin("seeded mutants")
+                caught = 0
+                for index, mutant in enumerate(MUTANTS):
+                    bar.progress(index, len(MUTANTS))
+                    caught += _mutant_caught(mutant)
+                if caught != len(MUTANTS):
+                    wrong.append(f"{len(MUTANTS) - caught} of {len(MUTANTS)} mutants not caught")
+                done(f"seeded mutants caught: {caught}/{len(MUTANTS)}", since)
+                resumed = _power_loss_runs(task, jobs, errors, bar, begin, done, wrong)
+        except KeyboardInterrupt as exc:
+            stopped = exc
     console.print(table)
-    caught = sum(1 for mutant in MUTANTS if _mutant_caught(mutant))
+    if stopped is not None:
+        why = "SIGTERM" if isinstance(stopped, Terminated) else "Ctrl-C"
+        for line in found:
+            console.print(f"done: {line}", highlight=False)
+        _say(
+            console,
+            f"verdict: partial — stopped by {why} in phase {phase[0]} of {phases}"
+            + (f"; wrong so far: {'; '.join(wrong)}" if wrong else ""),
+            ok=False,
+        )
+        print_children(errors, children.summary())
+        return interrupt_exit(stopped)
     console.print(
         f"lock exclusion: {len(lock)} violations; seeded mutants caught: {caught}/{len(MUTANTS)}"
     )
-    problems = _power_loss_runs(task, jobs, console, errors)
-    failed = violations or caught != len(MUTANTS) or problems
-    return EXIT["failed"] if failed else EXIT["done"]
+    for text in resumed:
+        console.print(text, highlight=False, markup=False)
+    if wrong:
+        _say(console, "verdict: NOT CLEAN — " + "; ".join(wrong), ok=False)
+    else:
+        _say(
+            console,
+            f"verdict: clean — no legal disk after any power cut lost a save ({len(stores)} "
+            f"stores, read and reopened), lock exclusion held, {caught}/{len(MUTANTS)} seeded "
+            "mutants caught, the triage run resumed correctly on every disk",
+            ok=True,
+        )
+    console.print(f"power-loss sweep: {phases} phases in {clock(bar.elapsed)}", highlight=False)
+    print_children(errors, children.summary())
+    return EXIT["failed"] if wrong else EXIT["done"]
 
 
-def _power_loss_runs(task: str, jobs: int, console: Console, errors: Console) -> int:
-    """The triage run resumed on every disk a power cut can leave, for each store."""
+def _say(console: Console, line: str, *, ok: bool) -> None:
+    """A verdict line, wrapped to the console's width, green when clean."""
+    console.print(
+        textwrap.fill(line, width=console.width, subsequent_indent="  ", break_on_hyphens=False),
+        style="green" if ok else "red",
+        highlight=False,
+        markup=False,
+    )
+
+
+def _power_loss_runs(
+    task: str,
+    jobs: int,
+    errors: Console,
+    bar: Bar,
+    begin: Callable[[str], float],
+    done: Callable[[str, float], None],
+    wrong: list[str],
+) -> list[str]:
+    """The triage run resumed on every disk a power cut can leave, for each store: its reports."""
     from ..sweep import CONFIGS
     from ..sweep.powerloss import run_power_loss_sweep
     from ..triage.job import TriageJob
 
-    problems = 0
+    texts = []
     for store in ("journal", "snapshot"):
-        report = run_power_loss_sweep(TriageJob(task), config=CONFIGS[0], store=store, jobs=jobs)
-        console.print(report.text().rstrip())
+        since = begin(f"triage on {store} disks")
+        report = run_power_loss_sweep(
+            TriageJob(task), config=CONFIGS[0], store=store, jobs=jobs, progress=bar.progress
+        )
+        texts.append(report.text().rstrip())
         for problem in report.problems()[:3]:
             errors.print(f"[red]problem:[/red] {problem}")
-        problems += len(report.problems())
-    return problems
+        if report.problems():
+            wrong.append(f"triage on the {store} store: {len(report.problems())} problems")
+        done(f"triage resumed on the {store} store: {len(report.scenarios)} disks", since)
+    return texts
 
 
 def _mutant_caught(mutant: str) -> bool:
@@ -131,18 +221,7 @@ _SWEEP_STORES: dict[str, Callable[[Path], FileStore] | None] = {
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.table import Table
-
-    from ..sweep import CONFIGS, run_sweep
-    from ..triage.job import TriageJob
+    from ..sweep import CONFIGS
     from ..triage.world import TASKS
 
     if args.task not in TASKS:
@@ -161,79 +240,155 @@ def _cmd_sweep(args: argparse.Namespace, console: Console, errors: Console) -> i
         return _syscall_sweep(args, console, errors)
     if args.random is not None:
         return _random_sweep(args, console, errors)
-    chosen = [known[name] for name in args.config] if args.config else list(CONFIGS)
-    columns = (
-        TextColumn("[bold]sweep[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:.1f} scenarios/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    # Refreshed from this thread only: the sweep forks, and a refresh thread could
-    # hold the console's lock at that instant.
-    with Progress(*columns, console=errors, auto_refresh=False, transient=True) as bar:
-        task_id = bar.add_task("sweep", total=None, rate=0.0)
+    return _crash_sweep(args, [known[name] for name in args.config or known], console, errors)
+
+
+def _crash_sweep(
+    args: argparse.Namespace, chosen: list[Config], console: Console, errors: Console
+) -> int:
+    """The labelled sweep: a bar over first crashes, the table, the verdict, children counted."""
+    from ..sweep import run_sweep
+    from ..sweep._output import captured
+    from ..sweep.core import SweepReport
+    from ..triage.job import TriageJob
+    from ._sweep_view import Bar, Terminated, clock, interrupt_exit, interruptible, print_children
+
+    job = TriageJob(args.task)
+    ran: list[ScenarioResult] = []
+    with Bar(errors, "first crashes") as bar:
+        bar.stage("sweep: recording crash points")
 
         def progress(done: int, total: int) -> None:
-            elapsed = bar.tasks[0].elapsed or 1e-9
-            bar.update(task_id, completed=done, total=total, rate=done / elapsed)
-            bar.refresh()
+            if not firsts[1]:  # the first call: recording is over, the scenarios begin
+                bar.stage("sweep: first crashes")
+            firsts[1] = total
+            bar.extra = f"{len(ran)} scenarios"
+            bar.progress(done, total)
 
-        report = run_sweep(
-            TriageJob(args.task),
-            configs=chosen,
-            depth=args.depth,
-            jobs=args.jobs,
-            progress=progress,
-            store=_SWEEP_STORES[args.store],
-            merge=not args.no_merge,
-            chain=not args.no_chain,
+        firsts = [0, 0]
+        try:
+            with captured() as children, interruptible():
+                report = run_sweep(
+                    job,
+                    configs=chosen,
+                    depth=args.depth,
+                    jobs=args.jobs,
+                    progress=progress,
+                    store=_SWEEP_STORES[args.store],
+                    merge=not args.no_merge,
+                    chain=not args.no_chain,
+                    on_results=ran.extend,
+                )
+        except KeyboardInterrupt as exc:
+            stopped: KeyboardInterrupt | None = exc
+        else:
+            stopped = None
+    taken = f"{len(ran)} scenarios in {clock(bar.elapsed)}"
+    if stopped is not None:
+        partial = SweepReport(
+            job=job.name, results=tuple(ran), configs=tuple(chosen), depth=args.depth
         )
-    table = Table(title=f"sweep of {report.job}", title_justify="left")
-    headers = ("configuration", "depth", "scenarios", "points", "finished", "duplicates")
-    for header in (*headers, "lost", "questions", "paid twice", "failed checks", "errors"):
-        table.add_column(header, justify="left" if header == "configuration" else "right")
-    for row in report.rows():
-        bad = "red" if (row.protected and not row.clean) or not row.swept else ""
-        table.add_row(
-            row.config + ("" if row.protected else " (baseline)"),
-            str(row.depth),
-            str(row.scenarios),
-            str(row.points),
-            str(row.finished),
-            str(row.duplicates),
-            str(row.lost),
-            str(row.questions),
-            str(row.paid_twice),
-            str(row.failed_checks),
-            str(row.errors),
-            style=bad,
+        # Each first crash judged has its one depth-1 scenario among those that ran.
+        firsts[0] = sum(result.depth == 1 for result in ran)
+        why = "SIGTERM" if isinstance(stopped, Terminated) else "Ctrl-C"
+        _show_rows(
+            console,
+            f"sweep of {partial.job} (partial: stopped by {why})",
+            partial.rows(),
+            partial=(
+                f"stopped by {why} after {firsts[0]} of {firsts[1]} first crashes ({taken})"
+                if firsts[1]
+                else f"stopped by {why} before the first scenario"
+            ),
         )
-    console.print(table)
+        print_children(errors, children.summary())
+        errors.print("the --text and --json reports are not written for a partial sweep")
+        return interrupt_exit(stopped)
+    _show_rows(console, f"sweep of {report.job}", report.rows())
+    console.print(f"swept {taken} ({args.jobs} workers)", highlight=False)
+    print_children(errors, children.summary())
     return _finish(report, args, errors, most=None)
+
+
+def _show_rows(console: Console, title: str, rows: list[Row], partial: str | None = None) -> None:
+    """The rows' table (80 columns wide at most), its legend and the verdict line."""
+    from ._sweep_view import LEGEND, print_verdict, row_table
+
+    console.print(row_table(title, rows))
+    console.print(textwrap.fill(LEGEND, width=console.width), style="dim", highlight=False)
+    print_verdict(console, rows, partial=partial)
 
 
 def _syscall_sweep(args: argparse.Namespace, console: Console, errors: Console) -> int:
     """``durably sweep --syscalls``: kill the triage run at every disk-changing system call."""
+    from ..sweep._output import captured
+    from ..sweep.core import Config, SweepReport
     from ..sweep.syscalls import run_syscall_sweep, strace_available, triage_stores
     from ..triage.job import TriageJob
+    from ._sweep_view import (
+        Bar,
+        Terminated,
+        clock,
+        interrupt_exit,
+        interruptible,
+        kinds_table,
+        print_children,
+    )
 
     if not strace_available():
         errors.print("error: the system-call sweep needs strace: apt-get install strace")
         return EXIT["usage"]
     stores = triage_stores()
     chosen = {name: stores[name] for name in args.stores} if args.stores else stores
-    report = run_syscall_sweep(
-        TriageJob(args.task, sync=True),
-        chosen,
-        depth=args.depth,
-        jobs=args.jobs,
-        sample=args.sample,
-        merge=not args.every,
-        progress=_printer(errors, "system-call sweep"),
+    job = TriageJob(args.task, sync=True)
+    ran: list[ScenarioResult] = []
+    stopped: KeyboardInterrupt | None = None
+    with Bar(errors, "first kills") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.extra = f"{len(ran)} scenarios"
+            bar.progress(done, total)
+
+        try:
+            with captured() as children, interruptible():
+                report = run_syscall_sweep(
+                    job,
+                    chosen,
+                    depth=args.depth,
+                    jobs=args.jobs,
+                    sample=args.sample,
+                    merge=not args.every,
+                    progress=progress,
+                    stage=bar.stage,
+                    on_results=ran.extend,
+                )
+        except KeyboardInterrupt as exc:
+            stopped = exc
+    taken = f"{len(ran)} scenarios in {clock(bar.elapsed)}"
+    if stopped is not None:
+        partial = SweepReport(
+            job=job.name,
+            results=tuple(ran),
+            configs=tuple(Config(name=name) for name in chosen),
+            depth=args.depth,
+        )
+        why = "SIGTERM" if isinstance(stopped, Terminated) else "Ctrl-C"
+        _show_rows(
+            console,
+            f"system-call sweep of {job.name} (partial: stopped by {why})",
+            partial.rows(),
+            partial=f"stopped by {why} ({taken})",
+        )
+        print_children(errors, children.summary())
+        errors.print("the --text and --json reports are not written for a partial sweep")
+        return interrupt_exit(stopped)
+    title = "system-call sweep" + (
+        f" (sample: at most {args.sample} kills per call kind)" if args.sample else ""
     )
-    console.print(report.text(), highlight=False, markup=False)
+    _show_rows(console, f"{title} of {report.report.job}", report.report.rows())
+    console.print(kinds_table(report))
+    console.print(f"swept {taken} ({args.jobs} workers)", highlight=False)
+    print_children(errors, children.summary())
     return _finish(report, args, errors, most=20)
 
 

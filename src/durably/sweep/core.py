@@ -36,12 +36,10 @@ import functools
 import gc
 import hashlib
 import json
-import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import statistics
 import tempfile
 import traceback
 from collections import Counter
@@ -57,7 +55,7 @@ from ..models import CallLog
 from ..state import Effect, Phase, RunState
 from ..stores.file import FileStore
 from ..tools import Found, Lookup, Tool, ToolContext
-from . import _chain
+from . import _chain, _output
 from .tree import Tree, Uncopyable
 
 __all__ = [
@@ -303,10 +301,11 @@ def run_in_child(body: Callable[[], None]) -> int:
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         code = 0
         # The run's warnings (a reply lost before its save) are what the sweep
-        # provokes on purpose and counts itself: printed by Python's last-resort
-        # handler in each of thousands of children, they would bury the report. A
-        # handler the user configured still receives them (they propagate).
-        logging.getLogger("durably").addHandler(logging.NullHandler())
+        # provokes on purpose: printed by Python's last-resort handler in each of
+        # thousands of children, they would bury the report. They go to the
+        # capture file the caller counts, or nowhere (:mod:`._output`); a handler
+        # the user configured still receives them (they propagate).
+        _output.scenario_logging()
         try:
             body()
         except BaseException:
@@ -658,7 +657,7 @@ def _recording_chain(
     record_path = world.root / "restart.json"
 
     def run(plan: faults.CrashPlan, prepare: Callable[[], None]) -> None:
-        logging.getLogger("durably").addHandler(logging.NullHandler())
+        _output.scenario_logging()
         _run_process(job, world, start=start, plan=plan, prepare=prepare)
         record_path.write_text(json.dumps(recorder.record(plan)))
 
@@ -713,7 +712,7 @@ def _chained_kills(
         start = first or not world.has_run()
 
         def run(plan: faults.CrashPlan, prepare: Callable[[], None], start: bool = start) -> None:
-            logging.getLogger("durably").addHandler(logging.NullHandler())
+            _output.scenario_logging()
             _run_process(job, world, start=start, plan=plan, prepare=prepare)
 
         try:
@@ -1042,6 +1041,12 @@ def _warm_up(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
     gc.freeze()
 
 
+def _start_worker(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
+    """A forked worker's initializer: its signals and stderr (:mod:`._output`), its warm-up."""
+    _output.worker_started()
+    _warm_up(job, config, store)
+
+
 def check_jobs(jobs: int) -> None:
     """Refuse a worker count no pool can have, before any work is done."""
     if jobs < 1:
@@ -1081,7 +1086,7 @@ def scenario_workers(
     global _pool_task
     _pool_task = task
     context = multiprocessing.get_context("fork")
-    with context.Pool(jobs, initializer=_warm_up, initargs=warm_up) as pool:
+    with context.Pool(jobs, initializer=_start_worker, initargs=warm_up) as pool:
         yield lambda items: pool.imap_unordered(_call_pool_task, items)
 
 
@@ -1096,6 +1101,7 @@ def run_sweep(
     workers: Workers = "fork",
     merge: bool = True,
     chain: bool = True,
+    on_results: Callable[[Sequence[ScenarioResult]], None] | None = None,
 ) -> SweepReport:
     """Sweep ``job`` over ``configs`` at depth 1 (and 2); see the module docstring.
 
@@ -1104,8 +1110,11 @@ def run_sweep(
         configs: the configurations, each swept separately.
         depth: 1, or 2 for a second crash during the first restart's recovery.
         jobs: worker processes running scenarios in parallel.
-        progress: called with (scenarios done, scenarios expected in all); second
-            crashes are counted as they are found, and estimated until then.
+        progress: called with (first crashes done, first crashes in all): once
+            before the first scenario, then as each batch is judged. The total
+            never changes: a first crash is done with all its second crashes,
+            which are found only as its restart runs (so scenarios cannot be
+            counted ahead; ``on_results`` counts them as they come).
         store: builds each scenario's store over its directory (default: the
             job's ``world.store()`` default, an unsynced ``FileStore``); e.g.
             ``functools.partial(JournalStore, sync=False)``.
@@ -1123,6 +1132,8 @@ def run_sweep(
             and have each group's first restart die at its second crashes as
             it reaches them (the default); False starts a process for each kill
             (slower, judged alike).
+        on_results: called with each batch's scenarios as they are judged (to
+            count them, or to keep what ran should the sweep be interrupted).
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -1147,12 +1158,9 @@ def run_sweep(
                 _Group(config, index, labels[index - 1], covers, group_depth, merge, chain)
             )
     results: list[ScenarioResult] = []
-    # A group's second crashes become known only when its first restart is
-    # recorded: the total counts each group still to run at the mean size of
-    # the groups of its depth run so far.
-    pending = Counter(group.depth for group in groups)
-    sizes: dict[int, list[int]] = {1: [], 2: []}
-
+    firsts = 0
+    if progress is not None:
+        progress(firsts, len(groups))
     batches: list[list[_Group]] = []
     for config in configs:
         mine = [group for group in groups if group.config is config]
@@ -1160,16 +1168,13 @@ def run_sweep(
     run = functools.partial(_run_batch_of, job, references, store)
     with scenario_workers(jobs, job, configs[0], run, store, workers) as run_all:
         for done in run_all(batches):
-            for group_depth, found in done:
-                results.extend(found)
-                pending[group_depth] -= 1
-                sizes[group_depth].append(len(found))
+            found = [result for _, group_results in done for result in group_results]
+            results.extend(found)
+            firsts += len(done)
+            if on_results is not None:
+                on_results(found)
             if progress is not None:
-                left = sum(
-                    count * (statistics.mean(sizes[d]) if sizes[d] else 1)
-                    for d, count in pending.items()
-                )
-                progress(len(results), len(results) + round(left))
+                progress(firsts, len(groups))
     order = {c.name: i for i, c in enumerate(configs)}
     results.sort(key=lambda r: (order[r.config], r.depth, r.at))
     return SweepReport(

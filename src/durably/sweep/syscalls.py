@@ -75,7 +75,7 @@ from typing import Any
 
 from .. import faults
 from ..state import Phase
-from . import core
+from . import _output, core
 from .core import RUN_ID, Config, ScenarioResult, StoreFactory, SweepJob, SweepReport, World
 from .tree import Tree, Uncopyable
 
@@ -286,6 +286,7 @@ def _traced(job: SweepJob, world: World, *, first: bool, strace: Sequence[str]) 
             if os.read(ready, 1) != b"1":
                 raise RuntimeError("strace never attached")
             os.close(ready)
+            _output.scenario_logging(drop=False)
             agent = job.agent(world, core.SweepApprover(job, world))
             start = first or RUN_ID not in world.store().list_runs_sync()
 
@@ -642,6 +643,8 @@ def run_syscall_sweep(
     merge: bool = True,
     progress: Callable[[int, int], None] | None = None,
     scratch: str | None = None,
+    stage: Callable[[str], None] | None = None,
+    on_results: Callable[[Sequence[ScenarioResult]], None] | None = None,
 ) -> SyscallReport:
     """Kill ``job`` at every disk-changing system call, per store; see the module docstring.
 
@@ -656,6 +659,9 @@ def run_syscall_sweep(
             kills at every point.
         progress: called with (first kills done, first kills in all).
         scratch: where scenario worlds live (default: ``/dev/shm`` when writable).
+        stage: called with what the sweep starts doing next (a store's counting
+            run, its kills), for a person watching.
+        on_results: called with each first kill's scenarios as they are judged.
     """
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
@@ -675,6 +681,8 @@ def run_syscall_sweep(
         with core.scenario_workers(jobs, job, Config(name=name), task, store) as run_all:
             # Counted in a warm worker, like every scenario: a cold process makes
             # calls (lazy imports, caches) that a warm one never makes.
+            if stage is not None:
+                stage(f"{name}: counting calls")
             ((trace, reference),) = list(run_all([None]))
             groups, unreachable[name] = trace.kills()
             planned = [
@@ -684,8 +692,14 @@ def run_syscall_sweep(
                 )
             ]
             total = done + len(planned)
+            if stage is not None:
+                stage(f"{name}: first kills")
+            if progress is not None:
+                progress(done, total)
             for outcome in run_all(planned):
                 results.extend(outcome.results)
+                if on_results is not None:
+                    on_results(outcome.results)
                 kinds.update(outcome.kinds)
                 unreachable[name] += outcome.unreachable
                 done += 1
