@@ -295,7 +295,7 @@ def test_runs_in_a_state_directory_that_does_not_exist_says_so_and_creates_nothi
     """A mistyped ``--state`` is named, not shown as an empty table, and not created."""
     result = durably("runs", "--state", state)
 
-    assert result.returncode == EXIT["done"]
+    assert result.returncode == EXIT["usage"]
     assert f"no runs: {state / 'runs'} does not exist" in result.stderr
     assert result.stdout == ""
     assert not state.exists()

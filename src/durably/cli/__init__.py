@@ -92,10 +92,39 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
     for module, adder, _ in chosen:
         getattr(importlib.import_module(f".{module}", __package__), adder)(commands)
     return parser
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: options anywhere among its positionals, errors under its own usage.
+
+    argparse matches a command's positionals in one stretch, so in ``durably answer
+    RUN CALL no --reason TEXT STORE`` the STORE after the option was "unrecognized" (a
+    refusal meant for a refund was lost that way). Each command is parsed as
+    :meth:`parse_intermixed_args` does, and a word it does not know is its own error,
+    shown with its own usage, not the top-level parser's.
+    """
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # parse_known_intermixed_args calls back here, in two passes
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            parsed, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def _exit_code(exc: DurablyError) -> int:

@@ -15,6 +15,7 @@ A directory wins over ``--state``, which wins over ``--dsn``; with none of them,
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -321,14 +322,24 @@ def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) ->
     workspace = args.workspace
     if workspace is None and args.state is not None and not args.store:
         workspace = str(args.state / "worlds" / "{run}" / "workspace")  # the demo's layout
-    serve(
-        choice,
-        host=args.host,
-        port=args.port,
-        read_only=args.read_only,
-        workspace=workspace,
-        say=lambda text: console.print(text, highlight=False, markup=False),
-    )
+    try:
+        serve(
+            choice,
+            host=args.host,
+            port=args.port,
+            read_only=args.read_only,
+            workspace=workspace,
+            say=lambda text: console.print(text, highlight=False, markup=False),
+        )
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        print_error(
+            errors,
+            f"port {args.port} on {args.host} is in use (another console?): choose another "
+            "with --port N, or --port 0 for any free one",
+        )
+        return EXIT["usage"]
     return EXIT["done"]
 
 

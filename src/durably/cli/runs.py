@@ -267,12 +267,11 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
     directory = Path(args.store) if args.store else runs_dir(args.state)
     if not directory.is_dir():
         # An empty table would hide a mistyped --state; nothing is created here.
+        given = "" if args.store else f"nothing has run with --state {args.state}; "
         errors.print(
-            f"no runs: {directory} does not exist (nothing has run with --state {args.state}; "
-            "check the path)",
-            highlight=False,
+            f"no runs: {directory} does not exist ({given}check the path)", highlight=False
         )
-        return EXIT["done"]
+        return EXIT["usage"]  # as every command that reads a store answers a missing one
     from ..stores.journal import JournalStore
 
     unreadable = runs_table(

@@ -1,0 +1,75 @@
+"""One grammar for every command (issue 39, item 3): options anywhere, one answer to a missing
+store, a command's own usage with its errors, and a busy console port named with its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durably.cli import EXIT
+
+ENV = {**os.environ, "COLUMNS": "200"}
+ENV.pop("DURABLY_DSN", None)
+
+
+def durably(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The ``durably`` command in its own process."""
+    return subprocess.run(
+        [sys.executable, "-m", "durably", *map(str, args)],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_store_after_an_option_is_the_store_not_an_unrecognized_argument(
+    tmp_path: Path,
+) -> None:
+    """``answer RUN CALL no --reason TEXT STORE``: STORE is read as the store (here: missing)."""
+    missing = tmp_path / "nowhere"
+    result = durably("answer", "r1", "c1", "no", "--reason", "too much", missing, cwd=tmp_path)
+    assert result.returncode == EXIT["usage"], result.stderr
+    assert "unrecognized arguments" not in result.stderr
+    assert f"no store at {missing}" in result.stderr
+
+
+def test_an_unknown_word_is_an_error_under_the_commands_own_usage(tmp_path: Path) -> None:
+    """The usage shown is the one of the command typed, not ``durably [-h] COMMAND``."""
+    result = durably("answer", "r1", "c1", "no", tmp_path, "--bogus", cwd=tmp_path)
+    assert result.returncode == EXIT["usage"]
+    assert "usage: durably answer" in result.stderr
+    assert "durably answer: error: unrecognized arguments: --bogus" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["runs"], ["pending"]])
+def test_every_command_answers_a_missing_store_with_the_same_exit_code(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A mistyped store is a usage error everywhere (``runs`` said 0 with an empty table)."""
+    result = durably(*command, tmp_path / "nowhere", cwd=tmp_path)
+    assert result.returncode == EXIT["usage"], result.stdout + result.stderr
+    assert str(tmp_path / "nowhere") in result.stderr
+
+
+def test_a_console_port_in_use_names_the_port_and_the_option(tmp_path: Path) -> None:
+    """Not ``[Errno 98] Address already in use``: which port, and ``--port`` to choose another."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = durably("console", runs, "--port", str(port), cwd=tmp_path)
+    assert result.returncode == EXIT["usage"], result.stdout + result.stderr
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert "--port N" in result.stderr
