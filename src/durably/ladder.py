@@ -24,7 +24,7 @@ from ._values import describe, exception_text, text_problem
 from .approval import DEFER, Approver, Done, Rerun, ResolveRequest
 from .errors import ApprovalUnavailable, InvalidValue
 from .state import AttemptMarker, Effect, ToolCall
-from .tools import NOT_FOUND, UNKNOWN, Found, Tool, ToolContext
+from .tools import Found, NotFound, Tool, ToolContext, Unknown
 
 __all__ = ["Verdict", "climb", "key_is_live"]
 
@@ -105,7 +105,7 @@ async def climb(
             elif isinstance(answer, Found):
                 log.info("in doubt %s: lookup found it", tool.name, extra=extra)
                 return Verdict(step=2, outcome="found", result=answer.result)
-            elif answer is NOT_FOUND:
+            elif isinstance(answer, NotFound):
                 log.info(
                     "in doubt %s: lookup says it never happened, rerun", tool.name, extra=extra
                 )
@@ -155,6 +155,6 @@ def _lookup_problem(answer: object) -> str | None:
     if isinstance(answer, Found):
         problem = text_problem(answer.result)
         return None if problem is None else f"returned Found with an unusable result: {problem}"
-    if answer is NOT_FOUND or answer is UNKNOWN:
+    if isinstance(answer, NotFound | Unknown):
         return None
     return f"returned {describe(answer)}; expected Found(result), NOT_FOUND or UNKNOWN"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from . import faults, ladder
+from . import _declarations, faults, ladder
 from ._values import describe, exception_text, text_problem
 from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, ScriptedApprover, Yes
 from .errors import (
@@ -73,7 +73,7 @@ from .state import (
     utcnow,
 )
 from .stores import RunHandle, Store
-from .tools import Tool, ToolContext, ToolInDoubt, ToolInputError, ToolResultError
+from .tools import KeyNotSent, Tool, ToolContext, ToolInDoubt, ToolInputError, ToolResultError
 from .workspace import Workspace, sha256_bytes
 
 __all__ = ["Agent", "ContextPolicy", "Event", "EventKind", "Limits", "Outcome", "shielded"]
@@ -115,6 +115,7 @@ class Limits:
     max_resumes: int = 10
 
     def __post_init__(self) -> None:
+        _declarations.check_limit_fields(self)
         # A limit nothing can stay under (or, for NaN, that nothing ever reaches)
         # is a mistake, not a policy: refuse it before a run is started with it.
         for name in ("max_turns", "max_tokens"):
@@ -296,8 +297,10 @@ class Agent:
             only ever given its runs' handles (:meth:`start`, :meth:`drive`: a
             Postgres worker's agents) needs none.
         limits: turn, token, dollar and resume limits over each run's life.
-        approver: answers approval and in-doubt questions (default: a
-            :class:`ScriptedApprover` that approves everything and cannot resolve).
+        approver: answers approval and in-doubt questions. Required when a tool
+            needs approval (``TerminalApprover``, ``AskLater``, or
+            ``PolicyApprover`` to approve every call); without one, an in-doubt
+            call a person must settle leaves the run paused with its question.
         system: the system prompt.
         context_policy: how long history is folded into a summary.
         workspace: the directory tools write files through.
@@ -321,8 +324,10 @@ class Agent:
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
+        _declarations.check_model(model)
         self.model = model
-        self.tools = {t.name: t for t in tools}
+        self.tools = _declarations.checked_tools(tools)
+        _declarations.check_approver(approver, self.tools.values())
         self.store = store
         self.limits = limits or Limits()
         self.approver: Approver = approver or ScriptedApprover()
@@ -1001,6 +1006,8 @@ class _Driver:
             else:
                 self.emit("in-doubt", call_id=call.id, tool=tool.name, reason=_error_text(exc))
                 return await self.resolve_in_doubt(call, tool, state.markers[call.id], arguments)
+        except KeyNotSent:
+            raise  # strict (warnings are errors): the run stops, unsaved, and the test fails
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = _error_text(exc), True
             if isinstance(exc, ToolResultError):
