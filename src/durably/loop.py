@@ -547,6 +547,7 @@ class _Driver:
         faults.point(f"loop.saved.{label}")
 
     def emit(self, kind: EventKind, **data: Any) -> None:
+        ladder.announce(kind, self.state.run_id, data)  # verdicts and approvals, one line each
         call_id = data.get("call_id")
         log.info(
             "%s %s",

@@ -1,4 +1,5 @@
-"""A child process for the KeyNotSent tests: a refund agent whose keyed tool may ignore its key.
+"""A child process for the KeyNotSent and ladder-log tests: a refund agent (approved by
+policy) whose keyed tool may ignore its key. It configures no logging, as a user's script.
 
 Usage: ``python keyed_child.py <command> <dir> <tool> [strict]``:
 
@@ -31,7 +32,7 @@ def agent(root: Path, tool: str) -> durably.Agent:
     """A refund agent against the payment service in ``root``."""
     service = FakeService(root / "service")
 
-    @durably.tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23))
+    @durably.tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
         key = ctx.idempotency_key if tool == "sends" else None
@@ -43,7 +44,12 @@ def agent(root: Path, tool: str) -> durably.Agent:
             Reply(text="Order 1042 is refunded."),
         ]
     )
-    return durably.Agent(model=model, tools=[refund], store=durably.FileStore(root / "runs"))
+    return durably.Agent(
+        model=model,
+        tools=[refund],
+        store=durably.FileStore(root / "runs"),
+        approver=durably.PolicyApprover(),
+    )
 
 
 def main(command: str, directory: str, tool: str, mode: str = "") -> None:
