@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,8 +55,16 @@ def test_a_lookup_whose_parameters_differ_from_the_tools_is_refused(
         durably.tool(effect=Effect.WRITE, lookup=namespace["f"])(refund)
 
 
-def test_a_lookup_with_the_tools_parameters_or_keywords_is_accepted() -> None:
-    """A lookup taking the tool's parameters, or ``**arguments``, is declared as it is."""
+def test_intends_whose_parameters_differ_from_the_tools_is_refused() -> None:
+    """``intends`` is called like the tool: other parameters are refused at declaration, while
+    a lookup or ``intends`` taking the tool's parameters, or ``**arguments``, is accepted.
+    """
+
+    async def files(ctx: ToolContext, path: str) -> dict[str, str]:
+        return {}
+
+    with pytest.raises(TypeError, match="intends of tool 'refund' takes \\(ctx, path\\)"):
+        durably.tool(effect=Effect.IDEMPOTENT, intends=files)(refund)
 
     async def exact(ctx: ToolContext, order_id: str, cents: int) -> durably.Lookup:
         return durably.UNKNOWN
@@ -68,16 +74,6 @@ def test_a_lookup_with_the_tools_parameters_or_keywords_is_accepted() -> None:
 
     for lookup in (exact, loose):
         assert durably.tool(effect=Effect.WRITE, lookup=lookup)(refund).lookup is lookup
-
-
-def test_intends_whose_parameters_differ_from_the_tools_is_refused() -> None:
-    """``intends`` is called like the tool: other parameters are refused at declaration."""
-
-    async def files(ctx: ToolContext, path: str) -> dict[str, str]:
-        return {}
-
-    with pytest.raises(TypeError, match="intends of tool 'refund' takes \\(ctx, path\\)"):
-        durably.tool(effect=Effect.IDEMPOTENT, intends=files)(refund)
 
 
 def test_a_keyed_tool_must_say_how_long_its_service_keeps_keys() -> None:
@@ -182,27 +178,6 @@ def test_a_tool_needing_approval_without_an_approver_is_refused() -> None:
         assert name in str(refused.value)
     durably.Agent(model=model(), tools=[asked], approver=durably.PolicyApprover())
     durably.Agent(model=model(), tools=[durably.tool(effect=Effect.WRITE)(refund)])
-
-
-def test_without_an_approver_no_call_is_approved_unasked(tmp_path: Path) -> None:
-    """An agent with an approver that defers runs no approval-needing call: it pauses."""
-    ran: list[str] = []
-
-    @durably.tool(effect=Effect.WRITE, needs_approval=True)
-    async def send(ctx: ToolContext, text: str) -> str:
-        ran.append(text)
-        return "sent"
-
-    agent = durably.Agent(
-        model=durably.ScriptedModel(
-            [durably.Reply(calls=[durably.Call("c1", "send", '{"text": "hi"}')])]
-        ),
-        tools=[send],
-        store=durably.FileStore(tmp_path),
-        approver=durably.decisions.AskLater(),
-    )
-    outcome = asyncio.run(agent.run("send hi"))
-    assert (outcome.status, ran) == ("paused", [])
 
 
 def test_an_approver_that_cannot_answer_is_refused() -> None:
