@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -307,10 +308,10 @@ def test_an_in_doubt_call_is_settled_from_the_command_line_with_its_result(
 def test_pending_prints_model_text_literally(tmp_path: Path, run: Callable[..., Result]) -> None:
     """Arguments that look like Rich markup are printed as written, never interpreted."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return "refunded"
+        return f"refunded (key {ctx.idempotency_key})"  # the service's echo of the key sent
 
     odd = '{"order_id": "[/bold][red]1042[/red]"}'
     model = ScriptedModel([Reply(calls=[Call(id="c1", name="refund", arguments=odd)])])

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,8 @@ class Ledger:
 
     def __init__(self) -> None:
         self.refunds: list[str] = []
+        self.keys: set[str] = set()
+        """The payment service deduplicates on the keys it was sent."""
         self.posts = 0
         self.fail_first_post = True
 
@@ -46,10 +48,12 @@ class Ledger:
 def build(store: Store, ledger: Ledger, *, in_doubt: bool = False) -> Agent:
     """An agent that refunds (needs approval) or posts (a write that may be left in doubt)."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        ledger.refunds.append(order_id)
+        if ctx.idempotency_key not in ledger.keys:
+            ledger.keys.add(ctx.idempotency_key)
+            ledger.refunds.append(order_id)
         return f"refunded {order_id}"
 
     @tool(effect=Effect.WRITE)

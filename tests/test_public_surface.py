@@ -162,7 +162,6 @@ def test_every_public_name_of_durably_is_in_all() -> None:
         for name in dir(durably)  # with lazily loaded names, if the module lists them
         if not name.startswith("_") and not isinstance(getattr(durably, name), ModuleType)
     }
-    bound.discard("TYPE_CHECKING")  # imported for the typed lazy names, not API
     bound.discard("PostgresStore")  # lazy and kept out of __all__ (see the test below)
     assert sorted(bound - set(durably.__all__)) == []
     assert sorted(set(durably.__all__) - bound) == []
@@ -300,3 +299,79 @@ def test_a_value_outside_a_closed_set_is_corrupt() -> None:
     )
     with pytest.raises(durably.CheckpointCorrupt, match="outcome"):
         decode_state(bad)
+
+
+def test_the_names_the_docs_write_work_after_only_import_durably() -> None:
+    """``durably.decisions.AskLater()``, as docs/operators.md writes it, works in a fresh
+    process that only ran ``import durably``; so do ``durably.AskLater`` and the sweep.
+    """
+    import subprocess
+
+    program = (
+        "import durably\n"
+        "durably.decisions.AskLater()\n"
+        "assert durably.AskLater is durably.decisions.AskLater\n"
+        "assert durably.sweep.run_sweep and durably.transports.http_tool\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
+def test_type_checking_is_not_a_name_of_durably() -> None:
+    """The flag the type checker reads does not leak into ``dir(durably)``."""
+    assert "TYPE_CHECKING" not in dir(durably)
+    assert not hasattr(durably, "TYPE_CHECKING")
+
+
+def test_help_on_lookup_says_what_a_lookup_is() -> None:
+    """``help(durably.Lookup)`` explains a lookup and its three answers, not a bare union."""
+    import pydoc
+
+    text = pydoc.render_doc(durably.Lookup, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    for words in ("lookup", "Found(result)", "NOT_FOUND", "UNKNOWN", "parameters", "a person"):
+        assert words in text.replace("\n", " "), words
+    assert isinstance(durably.NOT_FOUND, durably.Lookup)
+    assert isinstance(durably.Found("r"), durably.Lookup)
+
+
+def _private_types(annotation: Any) -> Iterator[str]:
+    """Every durably class named with a leading underscore inside ``annotation``."""
+    if (
+        isinstance(annotation, type)
+        and annotation.__module__.startswith("durably")
+        and annotation.__name__.startswith("_")
+    ):
+        yield f"{annotation.__module__}.{annotation.__qualname__}"
+    for argument in typing.get_args(annotation):
+        yield from _private_types(argument)
+
+
+def test_no_private_type_appears_in_a_public_signature() -> None:
+    """No public function, method or constant of ``durably`` is typed with a private class
+    (the approver's ``DEFER`` answer and the lookup's answers were ``_Deferred``, ``_Answer``).
+    """
+    found: dict[str, list[str]] = {}
+    for name in durably.__all__:
+        value = getattr(durably, name)
+        callables: list[tuple[str, Any]] = []
+        if isinstance(value, type):
+            callables += [
+                (f"{name}.{attribute}", member)
+                for attribute, member in vars(value).items()
+                if callable(member) and (not attribute.startswith("_") or attribute == "__init__")
+            ]
+        elif callable(value):
+            callables.append((name, value))
+        else:
+            found.setdefault(name, []).extend(_private_types(type(value)))
+        for where, function in callables:
+            try:
+                hints = typing.get_type_hints(function)
+            except (NameError, TypeError):
+                continue
+            for hint in hints.values():
+                found.setdefault(where, []).extend(_private_types(hint))
+    assert {where: names for where, names in found.items() if names} == {}

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .approval import ScriptedApprover as ScriptedApprover
     from .approval import TerminalApprover as TerminalApprover
     from .approval import Yes as Yes
+    from .decisions import AskLater as AskLater
     from .errors import AgentChanged as AgentChanged
     from .errors import AnswerRefused as AnswerRefused
     from .errors import ApprovalUnavailable as ApprovalUnavailable
@@ -76,9 +77,11 @@ if TYPE_CHECKING:
     from .state import Usage as Usage
     from .stores.file import FileStore as FileStore
     from .stores.journal import JournalStore as JournalStore
+    from .tools import NEVER_EXPIRES as NEVER_EXPIRES
     from .tools import NOT_FOUND as NOT_FOUND
     from .tools import UNKNOWN as UNKNOWN
     from .tools import Found as Found
+    from .tools import KeyNotSent as KeyNotSent
     from .tools import Lookup as Lookup
     from .tools import Tool as Tool
     from .tools import ToolContext as ToolContext
@@ -100,6 +103,7 @@ _EXPORTS: dict[str, str] = {
     "ScriptedApprover": "approval",
     "TerminalApprover": "approval",
     "Yes": "approval",
+    "AskLater": "decisions",
     "AgentChanged": "errors",
     "AnswerRefused": "errors",
     "ApprovalUnavailable": "errors",
@@ -151,9 +155,11 @@ _EXPORTS: dict[str, str] = {
     "Usage": "state",
     "FileStore": "stores.file",
     "JournalStore": "stores.journal",
+    "NEVER_EXPIRES": "tools",
     "NOT_FOUND": "tools",
     "UNKNOWN": "tools",
     "Found": "tools",
+    "KeyNotSent": "tools",
     "Lookup": "tools",
     "Tool": "tools",
     "ToolContext": "tools",
@@ -166,6 +172,12 @@ _EXPORTS: dict[str, str] = {
 }
 """Each lazily exported name, and the submodule it is loaded from."""
 
+_SUBMODULES = frozenset(
+    ("decisions", "faults", "models", "receivers", "stores", "sweep", "testing", "transports")
+)
+"""Public submodules that ``durably.X`` loads on first use, as the docs write them
+(``durably.decisions.AskLater()`` after only ``import durably``)."""
+
 
 def _lazy(name: str) -> object:
     # PEP 562: called only for names not yet in the module's namespace. The value
@@ -177,6 +189,10 @@ def _lazy(name: str) -> object:
         value = getattr(import_module(f".{where}", __name__), name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        from importlib import import_module
+
+        return import_module(f".{name}", __name__)  # the import binds it here too
     if name == "__version__":
         return _version()
     raise AttributeError(f"module 'durably' has no attribute {name!r}")
@@ -186,6 +202,7 @@ if not TYPE_CHECKING:
     # Hidden from type checkers: a module `__getattr__` would make every misspelt
     # `durably.X` type-check (as `object`). They see the names it gives above instead.
     __getattr__ = _lazy
+del TYPE_CHECKING  # only for the type checker: not a name of durably's
 
 
 def __dir__() -> list[str]:
@@ -210,6 +227,7 @@ def _version() -> str:
 
 __all__ = [
     "DEFER",
+    "NEVER_EXPIRES",
     "NOT_FOUND",
     "UNKNOWN",
     "Agent",
@@ -218,6 +236,7 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalUnavailable",
     "Approver",
+    "AskLater",
     "Call",
     "CallLog",
     "CheckpointCorrupt",
@@ -235,6 +254,7 @@ __all__ = [
     "InvalidRunId",
     "InvalidValue",
     "JournalStore",
+    "KeyNotSent",
     "LeaseLost",
     "LimitExceeded",
     "Limits",

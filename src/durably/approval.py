@@ -33,6 +33,7 @@ __all__ = [
     "Answer",
     "ApprovalRequest",
     "Approver",
+    "Deferred",
     "Done",
     "No",
     "PolicyApprover",
@@ -76,12 +77,14 @@ class Done:
             raise TypeError(f"Done.result must be the text the model will see: {problem}")
 
 
-class _Deferred:
+class Deferred:
+    """The type of :data:`DEFER`: an answer left to a person, given later."""
+
     def __repr__(self) -> str:
         return "durably.DEFER"
 
 
-DEFER: Final = _Deferred()
+DEFER: Final = Deferred()
 """Answer later: the run pauses and resumes with ``decisions=``."""
 
 Answer = Yes | No | Rerun | Done
@@ -116,11 +119,11 @@ class ResolveRequest:
 class Approver(Protocol):
     """Answers approval and resolution questions."""
 
-    async def approve(self, request: ApprovalRequest) -> Yes | No | _Deferred:
+    async def approve(self, request: ApprovalRequest) -> Yes | No | Deferred:
         """May this call run?"""
         ...
 
-    async def resolve(self, request: ResolveRequest) -> Rerun | Done | _Deferred:
+    async def resolve(self, request: ResolveRequest) -> Rerun | Done | Deferred:
         """Did this in-doubt call happen?"""
         ...
 
@@ -137,7 +140,7 @@ class PolicyApprover:
         """Say yes."""
         return Yes()
 
-    async def resolve(self, request: ResolveRequest) -> _Deferred:
+    async def resolve(self, request: ResolveRequest) -> Deferred:
         """Leave it to a person."""
         return DEFER
 

@@ -23,12 +23,12 @@ from .approval import (
     DEFER,
     Answer,
     ApprovalRequest,
+    Deferred,
     Done,
     No,
     Rerun,
     ResolveRequest,
     Yes,
-    _Deferred,
 )
 from .errors import AnswerRefused
 from .listing import Question, questions
@@ -197,10 +197,10 @@ class AskLater:
     ``durably answer`` or the console answers it, and a resume carries the run on.
     """
 
-    async def approve(self, request: ApprovalRequest) -> Yes | No | _Deferred:
+    async def approve(self, request: ApprovalRequest) -> Yes | No | Deferred:
         """Defer: a person answers with ``durably answer`` or the console."""
         return DEFER
 
-    async def resolve(self, request: ResolveRequest) -> Rerun | Done | _Deferred:
+    async def resolve(self, request: ResolveRequest) -> Rerun | Done | Deferred:
         """Defer: a person answers with ``durably answer`` or the console."""
         return DEFER

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-from . import faults, ladder
+from . import _declarations, faults, ladder
 from ._values import describe, exception_text, text_problem
 from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, Yes
 from .errors import (
@@ -59,7 +59,7 @@ from .state import (
     Usage,
 )
 from .stores import RunHandle
-from .tools import Tool, ToolContext, ToolInDoubt, ToolResultError
+from .tools import KeyNotSent, Tool, ToolContext, ToolInDoubt, ToolResultError
 from .workspace import Workspace, sha256_bytes
 
 __all__ = [
@@ -178,6 +178,7 @@ class Limits:
     max_resumes: int = 10
 
     def __post_init__(self) -> None:
+        _declarations.check_limit_fields(self)
         # A limit nothing can stay under (or, for NaN, that nothing ever reaches)
         # is a mistake, not a policy: refuse it before a run is started with it.
         for name in ("max_turns", "max_tokens"):
@@ -388,6 +389,7 @@ class RunSession:
 
     def emit(self, kind: EventKind, **data: Any) -> None:
         """Log ``kind`` and tell the observer; a failing observer never stops the run."""
+        ladder.announce(kind, self.state.run_id, data)  # verdicts and approvals, one line each
         call_id = data.get("call_id")
         log.info(
             "%s %s",
@@ -858,6 +860,8 @@ class RunSession:
                 return await self.resolve_in_doubt(
                     call, tool, state.markers[call.id], arguments, run=run, said=said
                 )
+        except KeyNotSent:
+            raise  # strict (warnings are errors): the run stops, unsaved, and the test fails
         except Exception as exc:  # the model sees what went wrong, as the call's result
             content, is_error = _error_text(exc), True
             if isinstance(exc, ToolResultError):

@@ -11,24 +11,84 @@ decide (docs/concepts.md, "The ladder"):
 3. ask a person through the approver: rerun, or done with what they found.
 
 This module decides; the loop saves each decision before acting on it.
+
+Each verdict, and each approval answer, is one INFO line on the
+``durably.ladder`` logger (:func:`announce`), as the demo prints it::
+
+    in doubt refund c1: ladder step 2 (lookup) -> found
+
+The logger is at INFO by default, so the lines reach whatever handlers the
+program configured; a program that configured no logging at all gets them on
+stderr (as Python's last resort shows warnings). Silence them with
+``logging.getLogger("durably.ladder").setLevel(logging.WARNING)``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from ._values import describe, exception_text, text_problem
 from .approval import DEFER, Approver, Done, Rerun, ResolveRequest
 from .errors import ApprovalUnavailable, InvalidValue
-from .state import AttemptMarker, Effect, ToolCall
-from .tools import NOT_FOUND, UNKNOWN, Found, Tool, ToolContext
+from .state import LADDER_STEPS, AttemptMarker, Effect, ToolCall
+from .tools import Found, NotFound, Tool, ToolContext, Unknown
 
-__all__ = ["Verdict", "climb", "key_is_live"]
+__all__ = ["Verdict", "announce", "climb", "key_is_live"]
 
 log = logging.getLogger("durably.ladder")
+
+
+class _LastResort(logging.Handler):
+    """Writes the ladder's lines to stderr while the program has configured no logging.
+
+    Python's own last resort shows warnings only; a verdict is INFO and would be
+    lost. Once any handler exists on the way to the root (``basicConfig``,
+    pytest's capture, a ``NullHandler``), this one stays quiet and that one decides.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger: logging.Logger | None = log
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return
+            if not logger.propagate:
+                break
+            logger = logger.parent
+        with suppress(OSError, ValueError):  # stderr closed: nowhere to show it
+            sys.stderr.write(f"{record.getMessage()}\n")
+
+
+if log.level == logging.NOTSET:
+    log.setLevel(logging.INFO)
+log.addHandler(_LastResort())
+
+
+def announce(kind: str, run_id: str, data: Mapping[str, Any]) -> None:
+    """Log one line for a ladder verdict (``ladder``) or an approval (``approved``, ``refused``).
+
+    ``kind`` and ``data`` are the loop's event (:class:`~durably.Event`); other
+    kinds log nothing.
+    """
+    extra = {"run_id": run_id, "call_id": data.get("call_id")}
+    if kind == "ladder":
+        step = data["step"]
+        log.info(
+            "in doubt %s %s: ladder step %s (%s) -> %s",
+            data["tool"],
+            data["call_id"],
+            step,
+            LADDER_STEPS.get(step, "?"),
+            data["outcome"],
+            extra=extra,
+        )
+    elif kind in ("approved", "refused"):
+        log.info("approval for %s %s: %s", data["tool"], data["call_id"], kind, extra=extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +136,10 @@ async def climb(
     now = ctx.clock()
     extra = {"run_id": ctx.run_id, "call_id": call.id}
     if tool.effect in (Effect.READ, Effect.IDEMPOTENT):
-        log.info("in doubt %s: %s repeats harmlessly, rerun", tool.name, tool.effect, extra=extra)
+        log.debug("in doubt %s: %s repeats harmlessly, rerun", tool.name, tool.effect, extra=extra)
         return Verdict(step=1, outcome="rerun", detail=f"effect {tool.effect}")
     if key_is_live(tool, marker, now):
-        log.info("in doubt %s: key %s still live, rerun", tool.name, marker.key, extra=extra)
+        log.debug("in doubt %s: key %s still live, rerun", tool.name, marker.key, extra=extra)
         return Verdict(step=1, outcome="rerun", detail="the service still remembers the key")
 
     why = "its key expired" if tool.effect is Effect.KEYED else "it writes without a key"
@@ -103,10 +163,10 @@ async def climb(
                 )
                 why = f"{why}, and its lookup {problem}"
             elif isinstance(answer, Found):
-                log.info("in doubt %s: lookup found it", tool.name, extra=extra)
+                log.debug("in doubt %s: lookup found it", tool.name, extra=extra)
                 return Verdict(step=2, outcome="found", result=answer.result)
-            elif answer is NOT_FOUND:
-                log.info(
+            elif isinstance(answer, NotFound):
+                log.debug(
                     "in doubt %s: lookup says it never happened, rerun", tool.name, extra=extra
                 )
                 return Verdict(step=2, outcome="not-found")
@@ -124,7 +184,7 @@ async def climb(
         started_at=marker.started_at.isoformat(),
         why=why,
     )
-    log.info("in doubt %s: asking a person (%s)", tool.name, why, extra=extra)
+    log.debug("in doubt %s: asking a person (%s)", tool.name, why, extra=extra)
     if before_asking is not None:
         await before_asking(why)
     try:
@@ -155,6 +215,6 @@ def _lookup_problem(answer: object) -> str | None:
     if isinstance(answer, Found):
         problem = text_problem(answer.result)
         return None if problem is None else f"returned Found with an unusable result: {problem}"
-    if answer is NOT_FOUND or answer is UNKNOWN:
+    if isinstance(answer, NotFound | Unknown):
         return None
     return f"returned {describe(answer)}; expected Found(result), NOT_FOUND or UNKNOWN"

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from . import faults
+from . import _declarations, faults
 from ._values import text_problem
 from .approval import Approver, ScriptedApprover
 from .engine import OUTCOME_SOURCES as OUTCOME_SOURCES  # held in step with Outcome by a test
@@ -135,8 +135,10 @@ class Agent:
             only ever given its runs' handles (:meth:`start`, :meth:`drive`: a
             Postgres worker's agents) needs none.
         limits: turn, token, dollar and resume limits over each run's life.
-        approver: answers approval and in-doubt questions (default: a
-            :class:`ScriptedApprover` that approves everything and cannot resolve).
+        approver: answers approval and in-doubt questions. Required when a tool
+            needs approval (``TerminalApprover``, ``AskLater``, or
+            ``PolicyApprover`` to approve every call); without one, an in-doubt
+            call a person must settle leaves the run paused with its question.
         system: the system prompt.
         context_policy: how long history is folded into a summary.
         workspace: the directory tools write files through.
@@ -160,8 +162,10 @@ class Agent:
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
+        _declarations.check_model(model)
         self.model = model
-        self.tools = {t.name: t for t in tools}
+        self.tools = _declarations.checked_tools(tools)
+        _declarations.check_approver(approver, self.tools.values())
         self.store = store
         self.limits = limits or Limits()
         self.approver: Approver = approver or ScriptedApprover()

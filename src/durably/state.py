@@ -22,6 +22,7 @@ from .errors import CheckpointCorrupt, CheckpointTooNew
 
 __all__ = [
     "FORMAT",
+    "LADDER_STEPS",
     "Approval",
     "ApprovalKind",
     "AssistantMessage",
@@ -230,6 +231,10 @@ class Decision(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     by: str | None = None
     """Who answered: the approver's name, ``<user> (durably answer)``, ``console``;
     None when unknown (``resume(decisions=...)``, a checkpoint older than the field)."""
+
+
+LADDER_STEPS: dict[int, str] = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}
+"""What each step of :attr:`Resolution.step` is called where a verdict is shown."""
 
 
 class Resolution(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):

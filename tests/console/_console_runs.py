@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, ToolInDoubt, tool
@@ -17,10 +18,10 @@ HOSTILE = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
 def agent_for(runs: Path) -> Agent:
     """The agent of :func:`paused_run`, also to resume it."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return "refunded"
+        return f"refunded (key {ctx.idempotency_key})"  # the service's echo of the key sent
 
     model = ScriptedModel(
         [

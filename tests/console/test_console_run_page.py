@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from durably import Agent, Call, Effect, Limits, Reply, ScriptedModel, ToolContext, Usage, Yes, tool
@@ -175,10 +175,10 @@ def test_the_run_records_the_dollar_limit_it_ran_with_and_the_chart_draws_it(
 ) -> None:
     """Each process that runs the run records its max_dollars; the page draws the last one."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=24), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return "refunded"
+        return f"refunded under key {ctx.idempotency_key}"
 
     def agent(limit: float) -> Agent:
         model = ScriptedModel(

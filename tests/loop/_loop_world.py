@@ -263,7 +263,10 @@ def make_tools(world: World, toolset: Toolset) -> list[Tool]:
         digest = ctx.workspace.write(path, text)
         return f"wrote {path} ({digest[:12]})"
 
-    @durably.tool(effect=Effect.KEYED, key_ttl=toolset.key_ttl)
+    @durably.tool(
+        effect=Effect.KEYED,
+        key_ttl=durably.NEVER_EXPIRES if toolset.key_ttl is None else toolset.key_ttl,
+    )
     async def keyed(ctx: ToolContext, order: str, cents: int) -> str:
         """Refund an order; the payment service deduplicates on the idempotency key."""
         return receiver.keyed(
@@ -287,6 +290,7 @@ def make_tools(world: World, toolset: Toolset) -> list[Tool]:
 
     @durably.tool(
         effect=toolset.write_effect,
+        key_ttl=None,
         needs_approval=toolset.write_needs_approval,
         lookup=lookups[toolset.write_lookup],
     )

@@ -251,7 +251,7 @@ def test_a_tool_in_doubt_is_settled_by_the_ladder_not_handed_to_the_model(tmp_pa
     """A keyed tool that raises ToolInDoubt is rerun with the same key at once, not reported."""
     keys: list[str] = []
 
-    @durably.tool(effect=durably.Effect.KEYED)
+    @durably.tool(effect=durably.Effect.KEYED, key_ttl=durably.NEVER_EXPIRES)
     async def pay(ctx: durably.ToolContext, cents: int) -> str:
         keys.append(ctx.idempotency_key)
         if len(keys) == 1:

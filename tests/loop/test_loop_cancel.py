@@ -144,7 +144,7 @@ def refund_tool(world: World, *, stall: asyncio.Event | None) -> durably.Tool:
     """A keyed refund that, when ``stall`` is given, sets it and then waits for ever."""
     receiver = world.receiver()
 
-    @durably.tool(effect=Effect.KEYED)
+    @durably.tool(effect=Effect.KEYED, key_ttl=durably.NEVER_EXPIRES)
     async def refund(ctx: ToolContext, order: str) -> str:
         """Refund an order."""
         if stall is not None:

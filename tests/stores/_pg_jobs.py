@@ -138,7 +138,7 @@ def make_tools(root: Path, *, dwell: float = 0.0) -> list[durably.Tool]:
             await asyncio.sleep(dwell)
         await wait_while_paused(tool, "acted")
 
-    @durably.tool(effect=Effect.KEYED)
+    @durably.tool(effect=Effect.KEYED, key_ttl=durably.NEVER_EXPIRES)
     async def credit(ctx: ToolContext, account: str) -> str:
         """Credit an account; the ledger deduplicates by idempotency key."""
         result = await asyncio.to_thread(

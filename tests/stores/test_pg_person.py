@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -115,10 +116,10 @@ def test_an_answer_on_postgres_hands_the_run_back_to_the_workers(
 def test_the_console_answers_a_run_in_postgres(pg_dsn: str) -> None:
     """The console lists a Postgres run's question and its answer hands the run to workers."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return "refunded"
+        return f"refunded (key {ctx.idempotency_key})"  # the service's echo of the key sent
 
     async def start() -> None:
         async with PostgresStore(pg_dsn) as store:

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from durably import (
+    NEVER_EXPIRES,
     Agent,
     Call,
     Done,
@@ -40,6 +41,7 @@ from durably import (
 )
 from durably.faults import CrashPlan, installed
 from durably.state import ToolResult
+from durably.tools import KeyLifetime
 from durably.transports import http_tool, mcp_tools
 
 RUN_ID = "orders-run"
@@ -72,10 +74,17 @@ def http_tools(config: dict[str, Any]) -> list[Tool]:
             url=f"{base}/orders",
             effect=Effect(config["effect"]),
             arguments=Order,
-            key_ttl=timedelta(seconds=config["key_ttl"]) if "key_ttl" in config else None,
+            key_ttl=key_ttl(config),
             lookup_url=lookup_url,
         )
     ]
+
+
+def key_ttl(config: dict[str, Any]) -> timedelta | KeyLifetime | None:
+    """The ``key_ttl`` the config gives, for ever for a keyed tool given none."""
+    if "key_ttl" in config:
+        return timedelta(seconds=config["key_ttl"])
+    return NEVER_EXPIRES if Effect(config["effect"]) is Effect.KEYED else None
 
 
 async def drive(config: dict[str, Any], tools: list[Tool]) -> None:
@@ -124,7 +133,12 @@ async def main(config: dict[str, Any]) -> None:
     )
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        tools = await mcp_tools(session, effects={"place_order": Effect(config["effect"])})
+        ttl = key_ttl(config)
+        tools = await mcp_tools(
+            session,
+            effects={"place_order": Effect(config["effect"])},
+            key_ttl={"place_order": ttl} if ttl is not None else None,
+        )
         await drive(config, tools)
 
 

@@ -53,6 +53,7 @@ def tool_with(handler: Handler, effect: Effect, **options: Any) -> tuple[Tool, l
     client = httpx.AsyncClient(transport=httpx.MockTransport(record))
     options.setdefault("method", "POST")
     options.setdefault("url", "http://shop/orders")
+    options.setdefault("key_ttl", timedelta(hours=23) if effect is Effect.KEYED else None)
     tool = http_tool(
         name="place_order",
         description="Place an order.",

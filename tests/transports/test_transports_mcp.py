@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ def with_tools(server: MCPServer, body: Callable[[Client], Awaitable[Any]]) -> A
     return asyncio.run(scenario())
 
 
+KEY_TTL = {"place_order": timedelta(hours=23)}
+"""The server keeps keys 24 hours: the agent assumes a little less."""
 ALL_EFFECTS = {
     "stock": Effect.READ,
     "set_note": Effect.IDEMPOTENT,
@@ -105,6 +108,7 @@ def test_annotations_count_only_when_trusted_and_never_make_a_tool_keyed() -> No
         tools = await mcp_tools(
             client.session,
             effects={"cancel": Effect.WRITE, "place_order": Effect.KEYED},
+            key_ttl=KEY_TTL,
             trust_annotations=True,
         )
         return {t.name: t.effect for t in tools}
@@ -117,7 +121,9 @@ def test_the_key_travels_in_meta_and_never_in_the_arguments() -> None:
     server, seen = orders_server()
 
     async def body(client: Client) -> list[str]:
-        tools = {t.name: t for t in await mcp_tools(client.session, effects=ALL_EFFECTS)}
+        tools = {
+            t.name: t for t in await mcp_tools(client.session, effects=ALL_EFFECTS, key_ttl=KEY_TTL)
+        }
         place, stock = tools["place_order"], tools["stock"]
         return [
             await place(context(), **place.parse('{"item": "widget", "quantity": 2}')),
@@ -135,7 +141,9 @@ def test_an_error_result_raises_and_bad_arguments_never_leave() -> None:
     server, _ = orders_server()
 
     async def body(client: Client) -> None:
-        tools = {t.name: t for t in await mcp_tools(client.session, effects=ALL_EFFECTS)}
+        tools = {
+            t.name: t for t in await mcp_tools(client.session, effects=ALL_EFFECTS, key_ttl=KEY_TTL)
+        }
         cancel = tools["cancel"]
         with pytest.raises(McpToolError, match="cancel"):
             await cancel(context(), **cancel.parse('{"order": 1}'))
@@ -154,7 +162,10 @@ def place_twice(tmp_path: Path, first: str, second: str, *, same_key: bool = Tru
 
     async def body(client: Client) -> list[str]:
         (place,) = await mcp_tools(
-            client.session, effects={"place_order": Effect.KEYED}, only=["place_order"]
+            client.session,
+            effects={"place_order": Effect.KEYED},
+            only=["place_order"],
+            key_ttl=KEY_TTL,
         )
         results = []
         for ctx, raw in ((context(), first), (context("c1" if same_key else "c2"), second)):

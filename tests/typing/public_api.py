@@ -125,15 +125,53 @@ async def find_refund(ctx: durably.ToolContext, order_id: str) -> durably.Lookup
 def a_tool_needs_its_effect() -> durably.Tool:
     """``@durably.tool`` makes a ``Tool``; its effect has no default, so it must be given."""
 
-    @durably.tool(effect=durably.Effect.KEYED, needs_approval=True, lookup=find_refund)
+    @durably.tool(
+        effect=durably.Effect.KEYED,
+        key_ttl=timedelta(hours=23),
+        needs_approval=True,
+        lookup=find_refund,
+    )
     async def refund(ctx: durably.ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return order_id
+        return ctx.idempotency_key + order_id
 
     assert_type(refund, durably.Tool)
-    durably.tool()  # type: ignore[call-arg]
-    durably.tool(effect="write")  # type: ignore[arg-type]
+    durably.tool()  # type: ignore[call-overload]
+    durably.tool(effect="write")  # type: ignore[call-overload]
     return refund
+
+
+async def no_ctx(order_id: str) -> str:
+    """A tool function that forgot its context parameter."""
+    return order_id
+
+
+def not_a_tool(order_id: str) -> str:
+    """A plain function, never declared with ``@durably.tool``."""
+    return order_id
+
+
+def declaration_mistakes_are_type_errors(model: durably.Model) -> None:
+    """What issue 32's declaration checks refuse at run time, the type checker refuses first:
+    a keyed tool without ``key_ttl`` (a ``key_ttl`` on another effect is refused at run
+    time only), a function with
+    no context parameter, a plain function as a tool, a model given by name, a limit of the
+    wrong type. An effect chosen at run time passes ``key_ttl`` explicitly.
+    """
+    durably.tool(effect=durably.Effect.KEYED)  # type: ignore[call-overload]
+    durably.tool(effect=durably.Effect.KEYED, key_ttl=durably.NEVER_EXPIRES)
+    durably.tool(effect=durably.Effect.READ)(no_ctx)  # type: ignore[arg-type]
+    durably.Agent(model=model, tools=[not_a_tool])  # type: ignore[list-item]
+    durably.Agent(model="anthropic", tools=[])  # type: ignore[arg-type]
+    durably.Limits(max_dollars="2")  # type: ignore[arg-type]
+    chosen = durably.Effect.KEYED if model.name else durably.Effect.WRITE
+    durably.tool(
+        effect=chosen, key_ttl=None if chosen is not durably.Effect.KEYED else timedelta(1)
+    )
+    approver: durably.Approver = durably.decisions.AskLater()
+    assert_type(durably.AskLater(), durably.decisions.AskLater)
+    assert_type(durably.NOT_FOUND, durably.tools.NotFound)
+    del approver
 
 
 def the_seams_take_durablys_own_classes(directory: Path) -> None:

@@ -102,6 +102,8 @@ def show(state: RunState, console: Console) -> None:
             )
         console.print(markers)
 
+    _show_decisions(state, console)
+
     reply = state.last_reply()
     if reply is not None and reply.calls:
         answered = state.answered()
@@ -115,6 +117,50 @@ def show(state: RunState, console: Console) -> None:
                 status = "[yellow]in doubt[/yellow]"
             calls.add_row(Text(call.id), Text(call.name), Text(call.arguments[:60]), status)
         console.print(calls)
+
+
+def _show_decisions(state: RunState, console: Console) -> None:
+    """The run's ladder verdicts and approval answers, kept for its whole life (done runs too)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..state import LADDER_STEPS, AssistantMessage
+
+    tools = {
+        call.id: call.name
+        for message in state.messages
+        if isinstance(message, AssistantMessage)
+        for call in message.calls
+    }
+    if state.resolutions:
+        settled = Table(title="resolutions (calls found in doubt)", title_justify="left")
+        for column in ("call", "tool", "ladder step", "outcome", "by", "detail"):
+            settled.add_column(column)
+        for call_id, resolution in state.resolutions.items():
+            settled.add_row(
+                Text(call_id),
+                Text(tools.get(call_id, "?")),
+                f"{resolution.step} ({LADDER_STEPS.get(resolution.step, '?')})",
+                str(resolution.outcome),
+                Text(resolution.by or "-"),
+                Text((resolution.detail or "-")[:100]),
+            )
+        console.print(settled)
+    if state.approvals_given:
+        answered = Table(title="approvals", title_justify="left")
+        for column in ("call", "tool", "answer", "by", "when", "reason"):
+            answered.add_column(column)
+        for call_id, decision in state.approvals_given.items():
+            when = decision.decided_at
+            answered.add_row(
+                Text(call_id),
+                Text(tools.get(call_id, "?")),
+                "yes" if decision.approved else "no",
+                Text(decision.by or "-"),
+                when.isoformat(timespec="seconds") if when is not None else "-",
+                Text((decision.reason or "-")[:100]),
+            )
+        console.print(answered)
 
 
 def runs_table(

@@ -38,12 +38,14 @@ from ..tools import (
     NOT_FOUND,
     UNKNOWN,
     Found,
+    KeyLifetime,
     Lookup,
     LookupFunction,
     Tool,
     ToolContext,
     ToolInDoubt,
     _schema,
+    checked_key_ttl,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ def http_tool(
     effect: Effect,
     arguments: type[msgspec.Struct],
     needs_approval: bool = False,
-    key_ttl: timedelta | None = None,
+    key_ttl: timedelta | KeyLifetime | None = None,
     lookup_url: str | None = None,
     client: httpx.AsyncClient | None = None,
     headers: Mapping[str, str] | None = None,
@@ -102,8 +104,8 @@ def http_tool(
         arguments: a msgspec Struct describing the arguments; it gives the
             model its JSON Schema and validates what the model writes.
         needs_approval: ask the approver before each call.
-        key_ttl: how long the service remembers keys (``keyed`` only); set it
-            a little below the service's own TTL.
+        key_ttl: how long the service remembers keys: required for ``keyed``
+            (a little below the service's own TTL, or ``durably.NEVER_EXPIRES``).
         lookup_url: an endpoint answering whether an in-doubt call happened,
             with the same placeholders as ``url`` (for example
             ``https://api.example/idempotency/{key}``).
@@ -114,8 +116,7 @@ def http_tool(
     """
     if not isinstance(effect, Effect):
         raise TypeError(f"effect must be a durably.Effect, got {effect!r}")
-    if key_ttl is not None and effect is not Effect.KEYED:
-        raise ValueError("key_ttl only applies to tools with effect=Effect.KEYED")
+    ttl = checked_key_ttl(effect, key_ttl, name, required=True)
     if lookup_url is not None and effect in (Effect.READ, Effect.IDEMPOTENT):
         raise ValueError(
             f"a {effect} tool is rerun after a crash and never looked up; drop lookup_url"
@@ -187,7 +188,7 @@ def http_tool(
         arguments=arguments,
         schema=_schema(arguments),
         needs_approval=needs_approval,
-        key_ttl=key_ttl,
+        key_ttl=ttl,
         lookup=lookup,
     )
 

@@ -42,7 +42,15 @@ import msgspec
 
 from ..errors import DurablyError
 from ..state import Effect
-from ..tools import LookupFunction, Tool, ToolContext, ToolFunction, ToolInputError
+from ..tools import (
+    KeyLifetime,
+    LookupFunction,
+    Tool,
+    ToolContext,
+    ToolFunction,
+    ToolInputError,
+    checked_key_ttl,
+)
 
 __all__ = ["META_KEY", "McpSession", "McpToolError", "mcp_tools"]
 
@@ -108,7 +116,7 @@ async def mcp_tools(
     trust_annotations: bool = False,
     only: Collection[str] | None = None,
     needs_approval: Collection[str] = (),
-    key_ttl: Mapping[str, timedelta] | None = None,
+    key_ttl: Mapping[str, timedelta | KeyLifetime] | None = None,
     lookups: Mapping[str, LookupFunction] | None = None,
 ) -> list[Tool]:
     """Wrap an MCP server's tools as durably tools.
@@ -122,13 +130,15 @@ async def mcp_tools(
             ``effects``. Off by default: annotations are the server's claims.
         only: wrap just these tools (default: every tool the server lists).
         needs_approval: tools to ask the approver about before each call.
-        key_ttl: how long the server remembers keys, for ``keyed`` tools.
+        key_ttl: how long the server remembers keys: required for each ``keyed``
+            tool (a little below the server's TTL, or ``durably.NEVER_EXPIRES``).
         lookups: a lookup for an in-doubt call, by tool name (``write`` and
             ``keyed`` tools).
 
     Raises:
         ValueError: a tool without an effect, or a name that the server does
-            not list, or ``key_ttl`` for a tool that is not ``keyed``.
+            not list, ``key_ttl`` for a tool that is not ``keyed``, or none for
+            one that is.
     """
     listed = await _list_tools(session)
     served = {tool["name"]: tool for tool in listed}
@@ -163,6 +173,7 @@ async def mcp_tools(
             continue
         if name in key_ttl and effect is not Effect.KEYED:
             raise ValueError(f"key_ttl for {name}: only keyed tools send a key the server keeps")
+        ttl = checked_key_ttl(effect, key_ttl.get(name), name, required=True)
         tools.append(
             _RemoteTool(
                 name=name,
@@ -172,7 +183,7 @@ async def mcp_tools(
                 arguments=_Arguments,
                 schema=dict(spec.get("inputSchema") or {"type": "object"}),
                 needs_approval=name in needs_approval,
-                key_ttl=key_ttl.get(name),
+                key_ttl=ttl,
                 lookup=lookups.get(name),
             )
         )

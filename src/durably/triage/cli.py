@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from ..errors import DurablyError, ModelError
 from ..keys import new_run_id
 from ..loop import Event, Limits, Outcome
 from ..models.select import choose_model, resolve_spec
-from ..state import Phase
+from ..state import LADDER_STEPS, Phase
 from ..stores._guard import check_trusted
 from ..stores.file import FileStore
 from ..stores.journal import JournalStore
@@ -76,7 +77,7 @@ class _Live:
         elif event.kind == "result" and data.get("is_error"):
             say(f"     [red]error[/red] {str(data['content'])[:120]}")
         elif event.kind == "ladder":
-            step = {1: "rerun (harmless)", 2: "lookup", 3: "a person"}[data["step"]]
+            step = LADDER_STEPS[data["step"]]
             say(
                 f"  [magenta]in doubt[/magenta] {data['tool']} {data['call_id']}: "
                 f"ladder step {data['step']} ({step}) -> {data['outcome']}"
@@ -189,6 +190,9 @@ async def triage(args: argparse.Namespace, console: Console, errors: Console | N
         ),
         observer=_Live(console),
     )
+    # The live display prints each verdict and approval itself: the ladder's own log
+    # line would repeat it on stderr (a handler here keeps its last resort quiet).
+    logging.getLogger("durably.ladder").addHandler(logging.NullHandler())
     plan = faults.CrashPlan()
     if args.die_after:
         if args.die_after not in agent.tools:
