@@ -216,3 +216,60 @@ def test_code_another_user_planted_in_the_current_directory_is_never_imported(
             assert (own / "ran-as-the-victim").exists(), result.stdout + result.stderr
     finally:
         shutil.rmtree(own, ignore_errors=True)
+
+
+def _state_under(parent: Path) -> Path:
+    """A state directory of this user's own (0700, with its runs/) inside ``parent``."""
+    state = parent / "state"
+    (state / "runs").mkdir(parents=True)
+    for directory in (state, state / "runs"):
+        directory.chmod(0o700)
+    return state
+
+
+@pytest.mark.parametrize("parent_is", ["another user's", "group-writable", "world-writable"])
+def test_a_state_directory_another_user_can_swap_out_is_refused(
+    mallory: str, shared: Path, parent_is: str
+) -> None:
+    """A state directory of ours under a parent another user owns, or one group or others
+    can write without the sticky bit, is UnsafePath naming that parent: its owner or
+    writers could rename the state directory away and put theirs in its place.
+    """
+    from durably import FileStore, UnsafePath
+
+    parent = shared / "parent"
+    parent.mkdir(mode=0o755)
+    if parent_is == "another user's":
+        shutil.chown(parent, user=mallory)
+    else:
+        parent.chmod(0o775 if parent_is == "group-writable" else 0o777)
+    mode = stat.S_IMODE(parent.stat().st_mode)
+    state = _state_under(parent)
+    with pytest.raises(UnsafePath, match=f"refusing to use {parent}: it is a parent of") as err:
+        FileStore(state / "runs").list_runs_sync()
+    assert f"with mode {mode:04o}" in str(err.value)
+    shown = durably("show", "some-run", "--state", state)
+    assert shown.returncode == EXIT["failed"], shown.stdout + shown.stderr
+    assert f"refusing to use {parent}: it is a parent of the state directory" in shown.stderr
+    if parent_is == "another user's":
+        assert f"({mallory}) with mode 0755" in shown.stderr
+    # Nothing was made in the refused place.
+    assert sorted(p.name for p in (state / "runs").iterdir()) == []
+
+
+def test_a_state_directory_in_a_sticky_shared_directory_is_used(shared: Path) -> None:
+    """A sticky, world-writable parent owned by root (a shared /tmp) does not make a state
+    directory of ours unsafe: there only an entry's owner can rename it.
+    """
+    from durably import FileStore
+
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    state = _state_under(shared)
+    assert FileStore(state / "runs").list_runs_sync() == []
+    real_tmp = Path(tempfile.mkdtemp())  # in the system's /tmp
+    try:
+        assert FileStore(_state_under(real_tmp) / "runs").list_runs_sync() == []
+    finally:
+        shutil.rmtree(real_tmp)
+    ran = durably("runs", "--state", state)
+    assert ran.returncode == EXIT["done"], ran.stdout + ran.stderr

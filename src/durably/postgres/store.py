@@ -49,6 +49,7 @@ from ..errors import (
     RunExists,
     RunNotFound,
     SaveFailed,
+    StorageError,
     StoreUnavailable,
 )
 from ..keys import validate_run_id
@@ -282,6 +283,13 @@ def _is_transient(exc: BaseException) -> bool:
     import psycopg
 
     return isinstance(exc, psycopg.OperationalError)
+
+
+def _is_refused_privilege(exc: BaseException) -> bool:
+    """The role may not do what was asked (SQLSTATE 42501: a read-only role writing)."""
+    import psycopg
+
+    return isinstance(exc, psycopg.errors.InsufficientPrivilege)
 
 
 class PostgresStore:
@@ -768,12 +776,27 @@ class PostgresStore:
         try:
             return await self._attempt(operation, deadline)
         except Exception as exc:
+            if _is_refused_privilege(exc):
+                raise self._refused(exc, what=what, run_id=run_id, writes=writes) from exc
             if not _is_transient(exc):
                 raise
             first = exc
         return await self._retry(
             operation, first, what=what, run_id=run_id, deadline=deadline, writes=writes
         )
+
+    def _refused(self, exc: Exception, *, what: str, run_id: str, writes: bool) -> StorageError:
+        """The error for a statement the role's privileges refused; nothing was changed."""
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        remedy = (
+            "connect as a role that may write the durably tables (GRANT SELECT, INSERT, "
+            "UPDATE, DELETE ON durably_runs and the other durably_ tables TO it)"
+        )
+        if writes and run_id != "-":
+            return SaveFailed(
+                run_id=run_id, path=self.describe(run_id), reason=f"{detail}; {remedy}"
+            )
+        return StorageError(f"{self._where} ({what}): {detail}; nothing was changed; {remedy}")
 
     async def _retry(
         self,
@@ -821,6 +844,8 @@ class PostgresStore:
                 with attempt:
                     return await self._attempt(operation, deadline)
         except Exception as exc:
+            if _is_refused_privilege(exc):
+                raise self._refused(exc, what=what, run_id=run_id, writes=writes) from exc
             if not _is_transient(exc):
                 raise
             raise unreachable(exc) from exc

@@ -22,6 +22,7 @@ from .._sysio import FileSystem
 from ..errors import UnsafePath
 
 __all__ = [
+    "check_parents",
     "check_trusted",
     "describe_kind",
     "make_private_directories",
@@ -62,6 +63,49 @@ def check_trusted(info: os.stat_result, *, path: str, directory: bool = False) -
                 f"write (as ssh does); if it is yours: chown {me} {path}; chmod go-w {path}"
             ),
         )
+
+
+def check_parents(path: str | os.PathLike[str]) -> None:
+    """Refuse a state directory whose parents another user could swap it out of.
+
+    Whoever can rename entries in a directory above the state directory can put a
+    directory of their own in its place. So, as sudo checks a file's parents up to
+    ``/``, each existing parent of ``path`` (its symlinks resolved) must be owned by
+    root or by this user, and must not be writable by group or others unless it is
+    sticky (``/tmp``: there only an entry's owner can rename it, and the entry below
+    it is checked in its turn: a parent by this rule, the state directory by
+    :func:`check_trusted`). Parents that do not exist yet are made 0700.
+
+    Raises:
+        UnsafePath: naming the parent, its owner and its mode, and what to do.
+    """
+    me = os.geteuid()
+    current = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    while True:
+        try:
+            info = os.stat(current)
+        except FileNotFoundError:
+            info = None  # made by the store, 0700
+        if info is not None:
+            mode = stat.S_IMODE(info.st_mode)
+            foreign = info.st_uid not in (0, me)
+            open_to_others = mode & 0o022 and not mode & stat.S_ISVTX
+            if foreign or open_to_others:
+                raise UnsafePath(
+                    path=current,
+                    reason=(
+                        f"it is a parent of the state directory {os.fspath(path)}, owned by "
+                        f"uid {owner_name(info.st_uid)} with mode {mode:04o}: whoever owns it "
+                        "or can write it can swap the state directory for their own; durably "
+                        f"trusts parents owned by root or uid {owner_name(me)} that no group "
+                        "or other user can write unless sticky (as /tmp); move the state "
+                        f"directory, or if it is yours: chmod go-w {current}"
+                    ),
+                )
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
 
 
 def open_trusted(

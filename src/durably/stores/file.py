@@ -46,7 +46,7 @@ from ..errors import (
 from ..keys import RUN_ID_PATTERN, validate_run_id
 from ..state import RunState, utcnow
 from ._envelope import Opened, Sealer, open_sealed
-from ._guard import check_trusted, describe_kind, open_trusted
+from ._guard import check_parents, check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]
 
@@ -211,6 +211,7 @@ class FileStore:
 
     def _open_directory(self) -> int:
         path = str(self.directory)
+        check_parents(path)  # before anything is made or read in it
         if not self.directory.exists() and not self.directory.is_symlink():
             self._make_directory()
         try:
