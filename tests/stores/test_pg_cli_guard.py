@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import sys
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -23,10 +24,10 @@ pytestmark = pytest.mark.postgres
 def paused_run(dsn: str) -> None:
     """A run ``pg-run`` paused on the approval of call ``c1``."""
 
-    @tool(effect=Effect.KEYED, needs_approval=True)
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=24), needs_approval=True)
     async def refund(ctx: ToolContext, order_id: str) -> str:
         """Refund an order."""
-        return "refunded"
+        return f"refunded under key {ctx.idempotency_key}"
 
     async def start() -> None:
         async with PostgresStore(dsn) as store:
