@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.two_users import shared_directory, throwaway_user
 from durably.stores.file import FileStore
 
 _FLOOR = 3.0
@@ -84,3 +85,17 @@ def store(state_dir: Path) -> Iterator[FileStore]:
     store = FileStore(state_dir)
     yield store
     store.close_sync()
+
+
+@pytest.fixture
+def mallory() -> Iterator[str]:
+    """A throwaway local user (the attacker of the two-user tests), removed afterwards."""
+    with throwaway_user() as name:
+        yield name
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every user may create files in, as /tmp."""
+    with shared_directory() as path:
+        yield path

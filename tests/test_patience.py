@@ -25,6 +25,7 @@ def test_sleeps_three_seconds():
 def pytest_in(tmp_path: Path, patience: str) -> subprocess.CompletedProcess[str]:
     """Run a one-test session under this suite's conftest with the patience given."""
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    shutil.copytree(CONFTEST.with_name("_helpers"), tmp_path / "_helpers")  # what it imports
     (tmp_path / "test_sleeper.py").write_text(SLEEPER)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path)],

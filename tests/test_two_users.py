@@ -8,62 +8,23 @@ remove a cluster) is the attacker, acting through ``runuser``.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from _helpers.two_users import NEEDS_TWO_USERS, as_user
 from durably.cli import EXIT
 
 M1 = "m1-done-after-delete"
 ENV = {**os.environ, "COLUMNS": "200"}
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
-    reason="needs root with useradd and runuser to make a second user (CI has them)",
-)
-
-
-@pytest.fixture
-def mallory() -> Iterator[str]:
-    """A throwaway local user, removed afterwards."""
-    name = f"durably-t{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-    )
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory every user may create files in, as /tmp."""
-    path = Path(tempfile.mkdtemp(prefix="durably-shared-"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def as_user(user: str, script: str) -> subprocess.CompletedProcess[str]:
-    """Run a shell script as ``user``."""
-    return subprocess.run(
-        ["runuser", "-u", user, "--", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+pytestmark = NEEDS_TWO_USERS
 
 
 def durably(*args: str | Path, umask: int | None = None) -> subprocess.CompletedProcess[str]:

@@ -8,11 +8,7 @@ console to hold them half-sent, or ask for a page while a long one renders.
 from __future__ import annotations
 
 import itertools
-import os
-import secrets
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,37 +21,9 @@ import pytest
 from _console_process import SERVE, Console
 from _console_runs import LONG, RUN, many_calls_run, paused_run
 
+from _helpers.two_users import NEEDS_TWO_USERS, as_user
+
 pytestmark = pytest.mark.slow
-
-TWO_USERS = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
-    reason="needs root with useradd and runuser to make a second user (CI has them)",
-)
-
-
-@pytest.fixture
-def mallory() -> Iterator[str]:
-    """A throwaway local user, removed afterwards."""
-    name = f"durably-c{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-    )
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
-def as_user(user: str, script: str) -> subprocess.CompletedProcess[str]:
-    """Run a shell script as ``user``."""
-    return subprocess.run(
-        ["runuser", "-u", user, "--", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
 
 
 @pytest.fixture
@@ -83,7 +51,7 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-@TWO_USERS
+@NEEDS_TWO_USERS
 def test_another_local_user_without_the_token_reads_nothing_of_a_run(
     runs: Path, mallory: str, consoles: list[Console]
 ) -> None:

@@ -5,14 +5,9 @@ its own whatever the key's characters (issue 31, items 4 and 5).
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import shutil
 import sqlite3
 import stat
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,55 +20,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from _helpers.two_users import NEEDS_TWO_USERS
+from _helpers.two_users import as_user as run_as
 from durably import UnsafePath
 from durably.receivers import IdempotencyMiddleware, IdempotencyStore, KeyState, deduplicated
 from durably.receivers._store import principal_digest
 from durably.receivers.asgi import Scope
 from durably.receivers.mcp import META_KEY
 
-two_users = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
-    reason="needs root with useradd and runuser to make a second user (CI has them)",
-)
-
-
-@pytest.fixture
-def mallory() -> Iterator[str]:
-    """A throwaway local user, removed afterwards."""
-    name = f"durably-t{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-    )
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory every user may create files in, as /tmp."""
-    path = Path(tempfile.mkdtemp(prefix="durably-shared-"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 def as_user(user: str, script: str) -> None:
     """Run a shell script as ``user``; it must succeed."""
-    done = subprocess.run(
-        ["runuser", "-u", user, "--", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = run_as(user, script)
     assert done.returncode == 0, done.stderr
 
 
-@two_users
+@NEEDS_TWO_USERS
 def test_a_key_database_or_side_file_another_user_made_is_refused(
     mallory: str, shared: Path, tmp_path: Path
 ) -> None:
