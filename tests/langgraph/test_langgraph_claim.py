@@ -10,6 +10,7 @@ wrote it is refused at its first put (``StaleThread``): the chain does not fork.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,7 +19,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from durably.langgraph import DurablySaver
+import pytest
+from _lg_agent import build, question
+
+from durably.langgraph import DurablySaver, ThreadLocked
 
 CHILD = Path(__file__).with_name("_lg_claim_child.py")
 
@@ -143,8 +147,6 @@ def test_a_fork_from_a_chosen_checkpoint_is_still_a_put_like_any_other(tmp_path:
     """Replaying or updating a checkpoint addressed by its checkpoint_id forks on purpose: allowed,
     even after this saver read the thread's latest, which has moved past that checkpoint.
     """
-    from _lg_agent import build, question
-
     config: Any = {"configurable": {"thread_id": "t"}}
     with DurablySaver(tmp_path / "threads") as saver:
         graph = build(saver, rounds=2)
@@ -161,3 +163,19 @@ def test_a_fork_from_a_chosen_checkpoint_is_still_a_put_like_any_other(tmp_path:
         c.parent_config["configurable"]["checkpoint_id"] if c.parent_config else None for c in found
     )
     assert max(children.values()) >= 2, "the replay and the update forked the chain, as asked"
+
+
+def test_aclaim_takes_the_lock_before_anything_is_written_and_claiming_twice_is_harmless(
+    tmp_path: Path,
+) -> None:
+    """``aclaim`` (and ``claim``) lock a thread nothing was written to yet; a second saver is
+    refused at once, its own claim again changes nothing, and ``release`` lets the other in.
+    """
+    with DurablySaver(tmp_path / "threads") as first, DurablySaver(tmp_path / "threads") as second:
+        asyncio.run(first.aclaim("t"))
+        first.claim("t")
+        with pytest.raises(ThreadLocked, match="'t' is being written by another process"):
+            second.claim("t")
+        assert first.get_tuple({"configurable": {"thread_id": "t"}}) is None, "nothing written"
+        first.release("t")
+        second.claim("t")

@@ -200,6 +200,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             for thread_id in list(self._owned):
                 self.release(thread_id)
+            self._seen_latest.clear()
             self.store.close_sync()
 
     def claim(self, thread_id: str) -> None:
