@@ -21,7 +21,8 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs LangGrap
 
 from ._saver import PRUNE_STRATEGIES as PRUNE_STRATEGIES
 from ._saver import DurablySaver as DurablySaver
+from ._saver import StaleThread as StaleThread
 from ._saver import ThreadValueRefused as ThreadValueRefused
 from ._thread import ThreadLocked as ThreadLocked
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadLocked", "ThreadValueRefused"]
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadLocked", "ThreadValueRefused"]

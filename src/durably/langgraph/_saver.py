@@ -61,7 +61,7 @@ from ._thread import (
     value_chain,
 )
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "ThreadValueRefused"]
+__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadValueRefused"]
 
 _T = TypeVar("_T")
 
@@ -86,6 +86,34 @@ class ThreadValueRefused(StorageError):
             "imported nor called; if your graph stores that type, allow it: "
             f"DurablySaver(..., allowed_types=[({module!r}, {name!r})]); if it does not, the "
             "thread's files were altered: inspect them"
+        )
+
+
+class StaleThread(StorageError):
+    """Raised by a ``put`` built on a checkpoint the thread has moved past; nothing was written.
+
+    The saver read the thread's latest checkpoint, another writer then saved a newer
+    one, and this put would have made a second child of the old one: a fork nobody
+    asked for. Claim the thread before reading it (:meth:`DurablySaver.claim`), or
+    address the old checkpoint by its ``checkpoint_id`` to fork it on purpose.
+    """
+
+    __module__ = "durably.langgraph"
+
+    def __init__(self, *, thread_id: str, ns: str, parent: str | None, latest: str) -> None:
+        self.thread_id = thread_id
+        self.ns = ns
+        self.parent = parent
+        self.latest = latest
+        where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")
+        read = f"checkpoint {parent}" if parent is not None else "no checkpoint"
+        super().__init__(
+            f"{where} moved on since this saver read it: it read {read} as the latest, and "
+            f"another writer has since saved {latest}; this put, built on the old read, "
+            "was refused so the checkpoint chain does not fork, and nothing was written; "
+            "claim the thread before reading it (saver.claim(thread_id), see "
+            "docs/langgraph.md) and run again, or address the old checkpoint by its "
+            "checkpoint_id to fork it on purpose"
         )
 
 
@@ -159,6 +187,11 @@ class DurablySaver(BaseCheckpointSaver[str]):
         self.store = ThreadStore(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
         self._owned: dict[str, ThreadLog] = {}
         self._lock = threading.RLock()
+        # Per (thread, namespace): the checkpoints this saver took for the latest (read
+        # without a checkpoint_id, or saved by it on one of those). A put on one of them
+        # that is no longer the latest was built on a stale read (StaleThread); one
+        # addressed by id leaves the set, so forking it on purpose is a put like any other.
+        self._seen_latest: dict[tuple[str, str], set[str | None]] = {}
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -167,7 +200,25 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             for thread_id in list(self._owned):
                 self.release(thread_id)
+            self._seen_latest.clear()
             self.store.close_sync()
+
+    def claim(self, thread_id: str) -> None:
+        """Take the thread's lock now, before the graph reads it or runs a node.
+
+        Raises :class:`ThreadLocked` at once if another process is writing the thread.
+        A saver otherwise takes the lock at its first write, which on a resume
+        (``invoke(None)``) comes after the first node has run: two processes resuming
+        the same thread would both run it. Claim first, then invoke; the lock is held
+        until :meth:`release` or :meth:`close`. Claiming a thread this saver already
+        writes does nothing.
+        """
+        with self._lock:
+            self._ready(thread_id)
+
+    async def aclaim(self, thread_id: str) -> None:
+        """Async form of :meth:`claim`."""
+        await self._off_loop(self.claim, thread_id)
 
     def release(self, thread_id: str) -> None:
         """Stop writing a thread: its lock is freed for another process.
@@ -230,9 +281,11 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint["id"],
             }
         }
+        parent: str | None = configurable.get("checkpoint_id")
         with self._lock:
             handle = self._ready(thread_id)
             try:
+                self._refuse_stale(handle, ns, parent)
                 blobs: list[Blob] = []
                 lists: dict[tuple[str, str], list[Any] | None] = {}
                 for channel, version in new_versions.items():
@@ -254,7 +307,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
                     seq=handle.index.seq + 1,
                     ns=ns,
                     id=checkpoint["id"],
-                    parent=configurable.get("checkpoint_id"),
+                    parent=parent,
                     checkpoint=encoded_checkpoint,
                     metadata=encoded_metadata,
                     run_id=run_id if isinstance(run_id, str) else None,
@@ -263,6 +316,9 @@ class DurablySaver(BaseCheckpointSaver[str]):
                 # Everything but the write is done first (the index too): once the write
                 # returns, only a return is left for after the GIL is won back.
                 handle.append(record, lists=lists)
+                seen = self._seen_latest.get((thread_id, ns))
+                if seen is not None and parent in seen:
+                    seen.add(checkpoint["id"])  # a chain begun on a read goes on being checked
                 faults.point("langgraph.put.saved")
             except BaseException:
                 # The disk may hold more than the index now (a flushed append whose reply
@@ -466,13 +522,17 @@ class DurablySaver(BaseCheckpointSaver[str]):
         checkpoint_id = get_checkpoint_id(config)
         with self._lock:
             index = self._index(thread_id)
-            if index is None:
-                return None
-            by_id = index.checkpoints.get(ns)
-            if not by_id:
-                return None
-            if checkpoint_id is None:
+            by_id = index.checkpoints.get(ns) if index is not None else None
+            seen = self._seen_latest.setdefault((thread_id, ns), set())
+            if checkpoint_id is not None:
+                seen.discard(checkpoint_id)  # addressed by id: a put on it forks on purpose
+            elif not by_id:
+                seen.add(None)
+            else:
                 checkpoint_id = max(by_id)
+                seen.add(checkpoint_id)
+            if index is None or not by_id or checkpoint_id is None:
+                return None
             record = by_id.get(checkpoint_id)
             if record is None:
                 return None
@@ -564,6 +624,15 @@ class DurablySaver(BaseCheckpointSaver[str]):
         if handle is None:
             handle = self._owned[thread_id] = self.store.claim_sync(thread_id)
         return handle
+
+    def _refuse_stale(self, handle: ThreadLog, ns: str, parent: str | None) -> None:
+        """Raise :class:`StaleThread` if a put on ``parent`` would fork the chain unasked."""
+        by_id = handle.index.checkpoints.get(ns) if handle.exists else None
+        if not by_id:
+            return
+        latest = max(by_id)
+        if parent != latest and parent in self._seen_latest.get((handle.thread_id, ns), ()):
+            raise StaleThread(thread_id=handle.thread_id, ns=ns, parent=parent, latest=latest)
 
     def _quiesce(self) -> None:
         """Wait (under the lock) until no put_writes is flushing without it.
