@@ -425,3 +425,19 @@ def test_the_handoff_is_saved_as_a_result_and_the_closer_answers(tmp_path: Path)
     assert state.turns == 5
     assert state.answer == ANSWER
     assert state.usage.input_tokens == 100 * (1 + 2 + 3 + 4 + 5)
+
+
+def test_run_sync_finishes_the_run_and_a_session_is_refused(tmp_path: Path) -> None:
+    """``run_sync`` drives the run to its answer; a ``session=`` (a second history the
+    replay would not match) is refused before anything is saved.
+    """
+    place = Place(tmp_path)
+    agent, runner = place.agent()
+    with pytest.raises(ValueError, match="session="):
+        runner.run_sync(agent, TASK, run_id=RUN_ID, session=object())
+    assert place.log.turns(RUN_ID) == []
+
+    result = runner.run_sync(agent, TASK, run_id=RUN_ID)
+
+    assert result.final_output == ANSWER
+    assert place.service.effects() == REFERENCE
