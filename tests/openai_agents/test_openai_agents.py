@@ -441,3 +441,38 @@ def test_run_sync_finishes_the_run_and_a_session_is_refused(tmp_path: Path) -> N
 
     assert result.final_output == ANSWER
     assert place.service.effects() == REFERENCE
+
+
+def test_models_named_by_string_are_saved_through_the_run_configs_provider(
+    tmp_path: Path,
+) -> None:
+    """Agents whose model is a name get it from ``RunConfig(model_provider=...)``: the
+    provider's models are wrapped too, so a finished run run again asks none of them.
+    """
+    from agents import RunConfig
+    from agents.models.interface import Model, ModelProvider
+
+    place = Place(tmp_path)
+    desk, runner = place.agent()
+    scripted = desk.model
+    names: list[str | None] = []
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> Model:
+            names.append(model_name)
+            assert isinstance(scripted, Model)
+            return scripted
+
+    (closer,) = desk.handoffs
+    named_closer = closer.clone(model="scripted-closer")
+    named = desk.clone(model="scripted-desk", handoffs=[named_closer])
+    config = RunConfig(model_provider=Provider())
+
+    first = runner.run_sync(named, TASK, run_id=RUN_ID, run_config=config)
+    asked = place.log.turns(RUN_ID)
+    again = runner.run_sync(named, TASK, run_id=RUN_ID, run_config=config)
+
+    assert first.final_output == again.final_output == ANSWER
+    assert asked == [1, 2, 3, 4, 5]
+    assert place.log.turns(RUN_ID) == asked  # the second run paid for nothing
+    assert {"scripted-desk", "scripted-closer"} <= set(names)
