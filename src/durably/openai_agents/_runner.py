@@ -29,7 +29,7 @@ import contextvars
 import dataclasses
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
 
@@ -106,7 +106,7 @@ class RunPaused(DurablyError):
     :meth:`DurableRunner.resume` carries it on.
     """
 
-    def __init__(self, *, run_id: str, call_ids: Collection[str]) -> None:
+    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
         self.run_id = run_id
         self.call_ids = tuple(call_ids)
         calls = ", ".join(self.call_ids) or "none"
