@@ -1,0 +1,672 @@
+"""``DurableRunner``: the OpenAI Agents SDK's public seams mapped onto durably's engine.
+
+Each seam maps to the engine (:class:`durably.engine.RunSession`) and owns nothing else:
+
+- :meth:`DurableRunner.run` opens the run under its lock (or saves a new one: save
+  point 1), counts the restart, checks the agent's fingerprint, and drives
+  ``Runner.run`` on a copy of the agent graph (``agent.clone``, handoffs included);
+- every model the run asks (``RunConfig(model_provider=...)`` for models named by a
+  string, ``agent.clone(model=...)`` for model objects) is wrapped: the Nth request
+  of the run is answered with the Nth saved reply when there is one (never paid for
+  twice); otherwise the limits are checked, the model-call marker saved, the model
+  asked and its reply saved before any of its calls runs (save point 2);
+- every ``FunctionTool.on_invoke_tool`` is wrapped: a call whose result is saved gets
+  that result; any other call goes through the engine: approval, the attempt marker
+  with the key derived from the run and the call ID (save point 3), the tool, its
+  result (save point 4); a call found with a marker goes up the ladder; a call that
+  waits for a person pauses the run (save point 5) with :class:`RunPaused`.
+
+Replies are keyed by their place in the run, so the orchestration around them must
+decide the same way again: dynamic instructions, guardrails and ``is_enabled`` must
+not change which tools or handoffs a request offers. A saved reply that calls a tool
+or handoff the request does not offer is :class:`ReplayDiverged`, never a silent re-ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeGuard
+
+import msgspec
+from agents import Agent, RunConfig, Runner
+from agents.exceptions import UserError
+from agents.handoffs import Handoff
+from agents.items import ModelResponse
+from agents.models.interface import Model, ModelProvider
+from agents.tool import FunctionTool, set_function_tool_failure_error_function
+from agents.tool_context import ToolContext as SDKToolContext
+from agents.usage import Usage as SDKUsage
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from .. import faults
+from ..approval import Approver, ScriptedApprover
+from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
+from ..errors import DurablyError, RunNotFound
+from ..keys import validate_run_id
+from ..models import Price, WorstCase
+from ..state import (
+    AssistantMessage,
+    Effect,
+    Fingerprint,
+    Phase,
+    RunState,
+    ToolCall,
+    ToolPrint,
+    ToolResult,
+    Usage,
+    UserMessage,
+    utcnow,
+)
+from ..stores import Store
+from ..tools import LookupFunction, Tool, ToolContext
+from ..workspace import Workspace
+
+__all__ = ["DurableRunner", "ReplayDiverged", "RunPaused", "tool_context"]
+
+_FRAMING_TOKENS = 1024
+"""Tokens a provider adds around a request, counted generously (as durably's own loop)."""
+
+_CONTEXT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("durably_oai_context")
+
+
+def tool_context() -> ToolContext:
+    """The durable context of the tool call being served: run ID, call ID, idempotency key.
+
+    Call it inside a function tool of an agent run by :class:`DurableRunner`; send
+    ``tool_context().idempotency_key`` in the service's channel (an
+    ``Idempotency-Key`` header), never in arguments the model writes.
+
+    Raises:
+        RuntimeError: called outside a tool call that ``DurableRunner`` is serving.
+    """
+    try:
+        return _CONTEXT.get()
+    except LookupError:
+        raise RuntimeError(
+            "durably.openai_agents.tool_context() was called outside a tool call of a run "
+            "driven by DurableRunner; call it inside the tool function"
+        ) from None
+
+
+class RunPaused(DurablyError):
+    """Raised from ``DurableRunner.run`` when a call waits for a person.
+
+    The run is saved as paused with its questions (``DurableRunner.outcome(run_id)``);
+    once they are answered (``durably answer``, the console, or the approver),
+    :meth:`DurableRunner.resume` carries it on.
+    """
+
+    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
+        self.run_id = run_id
+        self.call_ids = tuple(call_ids)
+        calls = ", ".join(self.call_ids) or "none"
+        super().__init__(
+            f"run {run_id!r} waits for a person about call(s) {calls}; see them with "
+            f"`durably pending`, answer with `durably answer {run_id} <call> ...`, then "
+            "carry the run on with DurableRunner.resume"
+        )
+
+
+class ReplayDiverged(DurablyError):
+    """Raised when a saved reply does not fit the request the run makes again.
+
+    The orchestration decided differently this time (dynamic instructions, a
+    guardrail, ``is_enabled``, a changed agent): durably will not ask the model again
+    silently. Make those decisions deterministic, or start a new run.
+    """
+
+    def __init__(self, *, run_id: str, turn: int, reason: str) -> None:
+        self.run_id, self.turn, self.reason = run_id, turn, reason
+        super().__init__(
+            f"run {run_id!r}: the saved reply to turn {turn} does not fit the request made "
+            f"again ({reason}); keep instructions, guardrails and is_enabled deterministic "
+            "for a run, or start a new run_id"
+        )
+
+
+async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
+    raise RuntimeError("an Agents SDK tool runs through its own on_invoke_tool, not this")
+
+
+class _NoArguments(msgspec.Struct):
+    """The SDK validates a tool's arguments itself; durably never parses them."""
+
+
+class _Hold:
+    """One run's hold: the session, the turn reached, the engine's view of each tool."""
+
+    def __init__(self, session: RunSession, tools: Mapping[str, Tool]) -> None:
+        self.session = session
+        self.tools = dict(tools)
+        self.turn = 0
+        self.handoffs: set[str] = set()
+
+
+class DurableRunner:
+    """Run OpenAI Agents SDK agents durably, on a durably store.
+
+    Each function tool's effect is declared here by name (``effects``), or falls back
+    to ``default_effect``; a tool with neither is refused before the first model call.
+
+    Args:
+        store: where runs live (file, journal or Postgres store).
+        effects: each function tool's effect, by tool name.
+        default_effect: the effect of a tool ``effects`` does not name.
+        lookups: by tool name, how to ask the service whether an in-doubt call
+            happened (``async def(ctx: ToolContext, **arguments) -> Lookup``).
+        key_ttls: by tool name, how long the service keeps a keyed tool's key.
+        needs_approval: tools that need a person's yes (durably's approver) before each call.
+        limits: turn, token, dollar and restart limits over each run's life.
+        price: dollars per million tokens (needed for ``limits.max_dollars``).
+        max_output_tokens: the most one reply may be billed for, bounding each
+            call's worst case under a dollar limit.
+        approver: answers approval and in-doubt questions (default: approve
+            everything, and pause for a person on an in-doubt write).
+        workspace: the directory tools write files through, if any.
+        clock: the time source for markers and key ages.
+        allow_agent_change: resume runs started with a different agent.
+        observer: called with every :class:`durably.Event`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        effects: Mapping[str, Effect] | None = None,
+        default_effect: Effect | None = None,
+        lookups: Mapping[str, LookupFunction] | None = None,
+        key_ttls: Mapping[str, timedelta] | None = None,
+        needs_approval: Collection[str] = (),
+        limits: Limits | None = None,
+        price: Price | None = None,
+        max_output_tokens: int | None = None,
+        approver: Approver | None = None,
+        workspace: Workspace | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        allow_agent_change: bool = False,
+        observer: Callable[[Event], None] | None = None,
+    ) -> None:
+        if default_effect is not None and not isinstance(default_effect, Effect):
+            raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
+        for name, effect in (effects or {}).items():
+            if not isinstance(effect, Effect):
+                raise TypeError(f"effects[{name!r}] must be a durably.Effect, got {effect!r}")
+        self.limits = limits or Limits()
+        if self.limits.max_dollars is not None and price is None:
+            raise ValueError(
+                "DurableRunner(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
+                "without it every call is priced at $0 and the budget cannot hold"
+            )
+        for name in key_ttls or {}:
+            if (effects or {}).get(name, default_effect) is not Effect.KEYED:
+                raise ValueError(f"DurableRunner(key_ttls={{{name!r}: ...}}): only keyed tools")
+        self.store = store
+        self.effects = dict(effects or {})
+        self.default_effect = default_effect
+        self.lookups = dict(lookups or {})
+        self.key_ttls = dict(key_ttls or {})
+        self.needs_approval = frozenset(needs_approval)
+        self.price = price
+        self.max_output_tokens = max_output_tokens
+        self.approver: Approver = approver or ScriptedApprover()
+        self.workspace = workspace
+        self.clock = clock
+        self.allow_agent_change = allow_agent_change
+        self.observer = observer
+
+    # -- entry points -----------------------------------------------------------------
+
+    async def run(
+        self,
+        agent: Agent[Any],
+        input: str,
+        *,
+        run_id: str,
+        run_config: RunConfig | None = None,
+        **runner_options: Any,
+    ) -> Any:
+        """``Runner.run(agent, input)`` made durable under ``run_id``.
+
+        Opens the run (or saves a new one with ``input`` as its task), answers the
+        requests it made before from their saved replies and the calls from their
+        saved results, and carries it on from there. Returns the SDK's ``RunResult``.
+
+        Raises:
+            RunPaused: a call waits for a person; the run is saved as paused.
+            ReplayDiverged: a saved reply does not fit the request made again.
+        """
+        run_id = validate_run_id(run_id)
+        if not isinstance(input, str):
+            raise ValueError(
+                "durably.openai_agents saves a run's task as text: start the run with a str "
+                f"input (got {type(input).__name__})"
+            )
+        if runner_options.get("session") is not None or runner_options.get("previous_response_id"):
+            raise ValueError(
+                "DurableRunner keeps the run's history itself: pass no session= or "
+                "previous_response_id= (each would change what a replayed request holds)"
+            )
+        fresh = False
+        try:
+            handle, state = await self.store.open(run_id)
+        except RunNotFound:
+            state = RunState(
+                run_id=run_id,
+                task=input,
+                created_at=self.clock(),
+                messages=[UserMessage(text=input)],
+            )
+            handle = await self.store.create(state)  # SavePoint.START
+            fresh = True
+        try:
+            if self.workspace is not None:
+                self.workspace.remove_temp_files()
+            session = RunSession(
+                handle,
+                state,
+                limits=self.limits,
+                approver=self.approver,
+                clock=self.clock,
+                workspace=self.workspace,
+                observer=self.observer,
+            )
+            if fresh:
+                faults.point(SavePoint.START.crash_point)
+                session.emit("started", task=state.task)
+            elif state.phase is not Phase.DONE:
+                await session.count_restart()
+                session.check_workspace()
+            graph = _agents(agent)
+            tools = {t.name: self._tool(t) for a in graph for t in a.tools if _is_function(t)}
+            now = _fingerprint(agent, graph, tools)
+            if state.fingerprint is None:
+                state.fingerprint = now  # saved with the first model-call marker
+            else:
+                session.check_agent(now, allow_change=self.allow_agent_change)
+            hold = _Hold(session, tools)
+            config = dataclasses.replace(run_config) if run_config is not None else RunConfig()
+            config.model_provider = _DurableProvider(config.model_provider, self, hold)
+            if isinstance(config.model, Model):
+                config.model = _DurableModel(config.model, self, hold)
+            wrapped = _Wrapper(self, hold).agent(agent)
+            try:
+                result = await Runner.run(wrapped, input, run_config=config, **runner_options)
+            except Exception as exc:
+                _raise_ours(exc)
+                raise
+            if state.phase is Phase.DONE:
+                session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
+            return result
+        finally:
+            await shielded(handle.close())
+
+    def run_sync(self, agent: Agent[Any], input: str, *, run_id: str, **options: Any) -> Any:
+        """:meth:`run` from synchronous code (not inside a running event loop)."""
+        return asyncio.run(self.run(agent, input, run_id=run_id, **options))
+
+    async def resume(self, agent: Agent[Any], run_id: str, **options: Any) -> Any:
+        """Carry ``run_id`` on from its last save: :meth:`run` with the run's saved task."""
+        state = await self.store.read(run_id)
+        return await self.run(agent, state.task, run_id=run_id, **options)
+
+    async def outcome(self, run_id: str) -> Outcome:
+        """What the run's last save says: done with its answer, or paused with its questions."""
+        return Outcome.from_state(await self.store.read(run_id))
+
+    # -- the engine's view of the SDK -------------------------------------------------
+
+    def _tool(self, tool: FunctionTool) -> Tool:
+        """The engine's view of a function tool: its declared effect, key age and lookup."""
+        effect = self.effects.get(tool.name, self.default_effect)
+        if effect is None:
+            raise ValueError(
+                f"tool {tool.name!r} declares no effect: give DurableRunner "
+                f"effects={{{tool.name!r}: Effect.READ | IDEMPOTENT | KEYED | WRITE}}, or a "
+                "default_effect"
+            )
+        if tool.needs_approval is not False:
+            raise ValueError(
+                f"tool {tool.name!r} uses the SDK's needs_approval, whose interruptions "
+                "durably does not save; name it in DurableRunner(needs_approval=...) instead"
+            )
+        return Tool(
+            name=tool.name,
+            description=tool.description or tool.name,
+            effect=effect,
+            function=_never_called,
+            arguments=_NoArguments,
+            schema=dict(tool.params_json_schema),
+            needs_approval=tool.name in self.needs_approval,
+            key_ttl=self.key_ttls.get(tool.name),
+            lookup=self.lookups.get(tool.name),
+        )
+
+    def _worst(self, system: str | None, input: Any, tools: list[Any]) -> WorstCase:
+        """The most this request can cost: its size as tokens, plus the output limit."""
+        size = len(system or "") + len(json.dumps(input, default=str))
+        size += len(json.dumps([getattr(t, "name", str(t)) for t in tools]))
+        limit = self.max_output_tokens or 0
+        usage = Usage(input_tokens=size + _FRAMING_TOKENS, output_tokens=int(limit))
+        if self.price is None:
+            return WorstCase(dollars=0.0, usage=usage, bounded=limit > 0)
+        dearest = max(self.price.input, self.price.cache_write, self.price.cache_read)
+        dollars = (usage.input_tokens * dearest + usage.output_tokens * self.price.output) / 1e6
+        return WorstCase(dollars=dollars, usage=usage, bounded=limit > 0)
+
+
+class _Wrapper:
+    """Copies of the agent graph whose models and function tools go through the engine."""
+
+    def __init__(self, runner: DurableRunner, hold: _Hold) -> None:
+        self.runner, self.hold = runner, hold
+        self._done: dict[int, Agent[Any]] = {}
+
+    def agent(self, agent: Agent[Any]) -> Agent[Any]:
+        """``agent`` cloned with its model, tools and handoffs wrapped (each agent once)."""
+        done = self._done.get(id(agent))
+        if done is not None:
+            return done
+        changes: dict[str, Any] = {"tools": [self.tool(t) for t in agent.tools]}
+        if isinstance(agent.model, Model):
+            changes["model"] = _DurableModel(agent.model, self.runner, self.hold)
+        clone = agent.clone(**changes)
+        self._done[id(agent)] = clone  # before the handoffs: a graph may loop back
+        clone.handoffs = [self.handoff(h) for h in agent.handoffs]
+        return clone
+
+    def handoff(self, handoff: Any) -> Any:
+        if isinstance(handoff, Agent):
+            self.hold.handoffs.add(Handoff.default_tool_name(handoff))
+            return self.agent(handoff)
+        if isinstance(handoff, Handoff):
+            self.hold.handoffs.add(handoff.tool_name)
+            invoke = handoff.on_invoke_handoff
+
+            async def on_invoke_handoff(ctx: Any, arguments: str) -> Any:
+                return self.agent(await invoke(ctx, arguments))
+
+            return dataclasses.replace(handoff, on_invoke_handoff=on_invoke_handoff)
+        return handoff
+
+    def tool(self, tool: Any) -> Any:
+        if not _is_function(tool):
+            return tool  # hosted tools run at the provider: part of the paid reply
+        inner = dataclasses.replace(tool)
+        # Let the tool's exceptions reach the engine (ToolInDoubt climbs the ladder; any
+        # other error is saved as the call's error result, as the SDK would show it).
+        set_function_tool_failure_error_function(inner, None)
+        engine_tool = self.hold.tools[tool.name]
+        hold = self.hold
+
+        async def on_invoke_tool(ctx: SDKToolContext[Any], arguments: str) -> Any:
+            session = hold.session
+            state = session.state
+            call_id = ctx.tool_call_id
+            saved = _saved_result(state, call_id)
+            if saved is not None:
+                return saved.content
+            pending = session.open_calls().get(call_id)
+            if pending is None:
+                raise ValueError(
+                    f"run {state.run_id!r}: call {call_id!r} of tool {tool.name!r} is not in "
+                    "a saved reply; durably covers tools the model calls in its replies"
+                )
+
+            async def run(durable: ToolContext) -> str:
+                token = _CONTEXT.set(durable)
+                try:
+                    value = await inner.on_invoke_tool(ctx, arguments)
+                finally:
+                    _CONTEXT.reset(token)
+                return value if isinstance(value, str) else str(value)
+
+            if not await session.settle(pending, engine_tool, _arguments(arguments), run=run):
+                raise RunPaused(run_id=state.run_id, call_ids=list(state.pending))
+            settled = _saved_result(state, call_id)
+            if settled is None:  # pragma: no cover - settle returns True only with a result
+                raise RuntimeError(f"call {call_id!r} settled without a result")
+            return settled.content
+
+        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+
+
+class _DurableProvider(ModelProvider):
+    """The run's provider, each of whose models goes through the engine."""
+
+    def __init__(self, inner: ModelProvider, runner: DurableRunner, hold: _Hold) -> None:
+        self.inner, self.runner, self.hold = inner, runner, hold
+
+    def get_model(self, model_name: str | None) -> Model:
+        return _DurableModel(self.inner.get_model(model_name), self.runner, self.hold, model_name)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _DurableModel(Model):
+    """A model whose Nth request in the run is answered by the Nth saved reply, if any."""
+
+    def __init__(
+        self, inner: Model, runner: DurableRunner, hold: _Hold, name: str | None = None
+    ) -> None:
+        self.inner, self.runner, self.hold = inner, runner, hold
+        self.name = name or str(getattr(inner, "model", None) or type(inner).__name__)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: Any,
+        model_settings: Any,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Handoff[Any, Any]],
+        tracing: Any,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        hold, session = self.hold, self.hold.session
+        state = session.state
+        hold.turn += 1
+        turn = hold.turn
+        offered = {getattr(t, "name", None) for t in tools} | {h.tool_name for h in handoffs}
+        saved = _saved_reply(state, turn)
+        if saved is not None:
+            for call in saved.calls:
+                if call.name not in offered:
+                    raise ReplayDiverged(
+                        run_id=state.run_id,
+                        turn=turn,
+                        reason=f"it calls {call.name!r}, which the request does not offer",
+                    )
+            return _response(saved)
+        await self._close_handoffs()
+        if state.phase is Phase.DONE:
+            raise ReplayDiverged(
+                run_id=state.run_id,
+                turn=turn,
+                reason="the run's saved answer was not accepted as its final output",
+            )
+        worst = self.runner._worst(system_instructions, input, tools)  # noqa: SLF001
+        await session.check_limits(worst, model=self.name)
+        await session.mark_model_call(turn=turn, model=self.name, worst=worst)
+        response = await self.inner.get_response(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
+            prompt=prompt,
+        )
+        faults.point("loop.reply_received")
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for item in response.output:
+            if isinstance(item, ResponseOutputMessage):
+                texts += [c.text for c in item.content if isinstance(c, ResponseOutputText)]
+            elif isinstance(item, ResponseFunctionToolCall):
+                calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.arguments))
+            else:
+                # A reply durably could not give back whole on a restart: refuse it before
+                # its save rather than replay a different reply later.
+                raise ValueError(
+                    f"durably.openai_agents saves text and function calls; the reply holds a "
+                    f"{getattr(item, 'type', type(item).__name__)!r} item (hosted tools, "
+                    "reasoning items and computer calls are not covered yet)"
+                )
+        session.check_call_ids(calls, model=self.name)
+        details = response.usage.input_tokens_details
+        usage = Usage(
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            cache_read_tokens=getattr(details, "cached_tokens", 0) or 0,
+        )
+        await session.save_reply(
+            turn=turn,
+            text="".join(texts) if texts else None,
+            calls=calls,
+            usage=usage,
+            dollars=self.runner.price.dollars(usage) if self.runner.price is not None else 0.0,
+            model=self.name,
+        )
+        return response
+
+    async def _close_handoffs(self) -> None:
+        """Save a result for the last reply's handoff calls: the SDK acted on them itself."""
+        session = self.hold.session
+        for call in list(session.open_calls().values()):
+            if call.name in self.hold.handoffs:
+                await session.finish(call, f"handed off by {call.name}", False)
+            else:
+                raise ReplayDiverged(
+                    run_id=session.state.run_id,
+                    turn=self.hold.turn,
+                    reason=f"call {call.id!r} of tool {call.name!r} was never run by the SDK",
+                )
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise UserError(
+            "durably.openai_agents does not cover Runner.run_streamed yet: use DurableRunner.run"
+        )
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    """The call's arguments as a lookup is given them (the SDK validates them for the tool)."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _is_function(tool: object) -> TypeGuard[FunctionTool]:
+    return isinstance(tool, FunctionTool)
+
+
+def _agents(agent: Agent[Any]) -> list[Agent[Any]]:
+    """``agent`` and every agent its handoffs reach (``Handoff`` objects are opaque)."""
+    found: dict[int, Agent[Any]] = {}
+    todo = [agent]
+    while todo:
+        one = todo.pop()
+        if id(one) in found:
+            continue
+        found[id(one)] = one
+        todo += [h for h in one.handoffs if isinstance(h, Agent)]
+    return list(found.values())
+
+
+def _fingerprint(
+    start: Agent[Any], graph: list[Agent[Any]], tools: Mapping[str, Tool]
+) -> Fingerprint:
+    """What the run was started with: its agents' names and each tool's effect and schema.
+
+    Instructions are not in it: the SDK may build them per request.
+    """
+    return Fingerprint(
+        model=" -> ".join([start.name, *sorted(a.name for a in graph if a is not start)]),
+        system_sha256=hashlib.sha256(b"").hexdigest(),
+        tools=tuple(
+            ToolPrint(
+                name=t.name,
+                effect=t.effect,
+                schema_sha256=t.schema_sha256,
+                needs_approval=t.needs_approval,
+            )
+            for t in sorted(tools.values(), key=lambda t: t.name)
+        ),
+    )
+
+
+def _saved_reply(state: RunState, turn: int) -> AssistantMessage | None:
+    if turn > state.turns:
+        return None
+    for message in state.messages:
+        if isinstance(message, AssistantMessage) and message.turn == turn:
+            return message
+    raise ValueError(
+        f"run {state.run_id!r} has {state.turns} saved turns but no reply for turn {turn} "
+        "(history folded into a summary is not covered by durably.openai_agents)"
+    )
+
+
+def _response(saved: AssistantMessage) -> ModelResponse:
+    """The saved reply as the SDK's response: its text, its calls under their IDs, its usage."""
+    output: list[Any] = []
+    if saved.text:
+        output.append(
+            ResponseOutputMessage(
+                id=f"durably-{saved.turn}",
+                type="message",
+                role="assistant",
+                status="completed",
+                content=[ResponseOutputText(text=saved.text, type="output_text", annotations=[])],
+            )
+        )
+    output += [
+        ResponseFunctionToolCall(
+            id=c.id, call_id=c.id, type="function_call", name=c.name, arguments=c.arguments
+        )
+        for c in saved.calls
+    ]
+    usage = SDKUsage(
+        requests=1,
+        input_tokens=saved.usage.input_tokens,
+        output_tokens=saved.usage.output_tokens,
+        total_tokens=saved.usage.input_tokens + saved.usage.output_tokens,
+    )
+    return ModelResponse(output=output, usage=usage, response_id=None)
+
+
+def _saved_result(state: RunState, call_id: str) -> ToolResult | None:
+    for message in reversed(state.messages):
+        if isinstance(message, ToolResult) and message.call_id == call_id:
+            return message
+    return None
+
+
+def _raise_ours(exc: BaseException) -> None:
+    """Raise the durably error the SDK wrapped (``UserError: Error running tool ...``)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DurablyError) and seen is not exc:
+            raise seen
+        seen = seen.__cause__

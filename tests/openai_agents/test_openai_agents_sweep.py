@@ -1,0 +1,50 @@
+"""The sweep of an OpenAI Agents SDK agent run by ``DurableRunner``: its table is in tests/testdata.
+
+The same sweep, judge and table as durably's own loop (``durably.sweep``): real
+SIGKILL at every crash point, keys honoured and ignored, a fickle model, lookups
+off, and the two baselines that must fail.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from _oai_world import OpenAIAgentsJob
+
+from durably.sweep import CONFIGS, run_sweep
+
+REFERENCE = Path(__file__).parent.parent / "testdata" / "sweep-openai-agents.txt"
+
+DEPTH = 2
+"""A second crash during the first restart's recovery, as durably's own sweep."""
+
+SWEPT = [c for c in CONFIGS if c.name != "no refile guard"]
+"""Every default configuration but the tracker's refile guard (this world has no tracker)."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 150 s with 2 workers on a loaded 2-core machine
+def test_the_openai_agents_sweep_matches_the_table_in_the_repository() -> None:
+    """Killed at every crash point, the SDK run never repeats or loses an effect nor pays
+    twice for a saved reply; the baselines show duplicates and losses.
+    """
+    report = run_sweep(OpenAIAgentsJob(), configs=SWEPT, depth=DEPTH, jobs=2)
+    text = report.text()
+    print(text)  # shown with -s: the table the docs quote
+    if os.environ.get("DURABLY_REGENERATE"):
+        REFERENCE.write_text(text)
+
+    rows = {(r.config, r.depth): r for r in report.rows()}
+    for row in rows.values():
+        assert row.scenarios > 0, row
+        assert row.errors == 0, row
+        if row.protected:
+            assert (row.duplicates, row.lost, row.paid_twice, row.failed_checks) == (0, 0, 0, 0)
+            assert row.finished == row.scenarios
+    assert rows[("naive retry", 1)].duplicates > 0
+    assert rows[("at-most-once", 1)].lost > 0
+    # Only the note (no key, no lookup) reaches a person, unless lookups are off.
+    assert rows[("keys honoured", 1)].questions < rows[("lookups off", 1)].questions
+    assert text == REFERENCE.read_text()
