@@ -102,6 +102,8 @@ def test_command_help_loads_no_heavy_module(argv: list[str]) -> None:
     # Nor does it read a store: no store, no state codec, no logging.
     assert not [m for m in ours(loaded) if m.startswith(("durably.stores", "durably.state"))]
     assert not {"msgspec", "logging"} & loaded
+    # Nor shutil (and its compressors): argparse asks it for the terminal's width.
+    assert not {"shutil", "bz2", "lzma"} & loaded
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +178,8 @@ def test_reading_a_store_loads_no_rich_threading_hashlib_or_signal(
 ) -> None:
     """`durably runs` and `durably show` write text: rich is not even loaded, unless to say an
     error; nor threading (a seal's scratch buffer), hashlib (idempotency keys) or signal
-    (a test's crash point), which only running a store's writes needs.
+    (a test's crash point), which only running a store's writes needs; nor shutil, which
+    argparse asks for the terminal's width.
     """
     argv = [*command, "--state", str(small_store)]
     loaded = modules_after(
@@ -184,7 +187,7 @@ def test_reading_a_store_loads_no_rich_threading_hashlib_or_signal(
     )
     assert "durably.listing" in loaded
     assert heavy(loaded) == []
-    assert not {"rich", "threading", "hashlib", "_hashlib", "signal"} & loaded
+    assert not {"rich", "threading", "hashlib", "_hashlib", "signal", "shutil"} & loaded
 
 
 def test_the_version_is_read_on_first_use() -> None:
