@@ -4,6 +4,7 @@ store, a command's own usage with its errors, and a busy console port named with
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -51,14 +52,47 @@ def test_an_unknown_word_is_an_error_under_the_commands_own_usage(tmp_path: Path
     assert "durably answer: error: unrecognized arguments: --bogus" in result.stderr
 
 
-@pytest.mark.parametrize("command", [["runs"], ["pending"]])
+@pytest.mark.parametrize("command", [["runs"], ["pending"], ["show", "r1"]])
 def test_every_command_answers_a_missing_store_with_the_same_exit_code(
     tmp_path: Path, command: list[str]
 ) -> None:
-    """A mistyped store is a usage error everywhere (``runs`` said 0 with an empty table)."""
+    """A mistyped store is a usage error everywhere (``runs`` said 0 with an empty table;
+    ``show`` took no STORE at all).
+    """
     result = durably(*command, tmp_path / "nowhere", cwd=tmp_path)
     assert result.returncode == EXIT["usage"], result.stdout + result.stderr
     assert str(tmp_path / "nowhere") in result.stderr
+    assert "does not exist" in result.stderr
+    assert "unrecognized arguments" not in result.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_show_reads_a_store_given_as_a_directory_as_the_other_commands_do(
+    tmp_path: Path,
+) -> None:
+    """``show RUN STORE`` reads the directory a FileStore was given, with options before or
+    after it; ``--state DIR`` still reads ``DIR/runs``.
+    """
+    from durably import Agent, FileStore, Reply, ScriptedModel
+
+    store = tmp_path / "my-store"
+    agent = Agent(model=ScriptedModel([Reply(text="ok")]), tools=[], store=FileStore(store))
+    agent.run_sync("a task", run_id="r1")
+    (tmp_path / "demo").mkdir()
+    store.rename(tmp_path / "demo" / "runs")
+    moved = tmp_path / "demo" / "runs"
+
+    text = durably("show", "r1", moved, cwd=tmp_path)
+    first = durably("show", "--json", "r1", moved, cwd=tmp_path)
+    last = durably("show", "r1", moved, "--json", cwd=tmp_path)
+    state = durably("show", "r1", "--state", tmp_path / "demo", "--json", cwd=tmp_path)
+
+    assert text.returncode == EXIT["done"], text.stderr
+    assert text.stdout.splitlines()[0] == "r1"
+    assert "task        a task" in text.stdout
+    for result in (first, last, state):
+        assert result.returncode == EXIT["done"], result.stderr
+        assert json.loads(result.stdout)["run_id"] == "r1"
 
 
 def test_a_console_port_in_use_names_the_port_and_the_option(tmp_path: Path) -> None:

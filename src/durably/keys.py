@@ -7,7 +7,6 @@ receiver saw the first time.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import string
 from datetime import UTC, datetime
@@ -28,6 +27,8 @@ def idempotency_key(run_id: str, call_id: str) -> str:
     colon, then the bytes; the first 16 bytes of the digest, in hex. The length
     prefixes keep ``("ab", "c")`` and ``("a", "bc")`` apart.
     """
+    import hashlib  # here: reading a store validates run IDs, never hashes (OpenSSL's load)
+
     digest = hashlib.sha256()
     for part in (run_id, call_id):
         data = part.encode("utf-8")

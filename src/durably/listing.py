@@ -18,6 +18,7 @@ the state only), and adding them would touch every save.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,10 +41,13 @@ __all__ = [
     "list_directory",
     "list_runs",
     "list_runs_fully",
+    "plain",
     "questions",
     "render",
     "select",
     "summarize",
+    "table",
+    "width",
 ]
 
 
@@ -290,13 +294,58 @@ def render(
         for s in summaries
     ]
     rows += [(run, "unreadable", "-", "-", "-", "-") for run in unreadable]
-    widths = [max([len(c), *(len(r[n]) for r in rows)]) for n, c in enumerate(_COLUMNS)]
+    red = {n for n, r in enumerate(rows) if color and r[1] == "unreadable"}
+    return table(_COLUMNS, rows, title=title, right=_RIGHT, red=(red, 1))
 
-    def line(cells: Sequence[str], edge: str, middle: str, red: bool = False) -> str:
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than tab and newline: a terminal would act on them."""
+
+
+def plain(text: str) -> str:
+    r"""``text`` safe to print: control characters (an escape sequence) written as ``\xNN``."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", text.expandtabs(4))
+
+
+def width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: wide characters take two, combining none."""
+    if text.isascii():
+        return len(text)
+    import unicodedata
+
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    title: str | None = None,
+    right: frozenset[str] = frozenset(),
+    red: tuple[set[int], int] = (set(), 0),
+) -> str:
+    """Rows as a text table with a heavy head, as rich draws one, without loading rich.
+
+    Cells are never cut (an ID is copied into other commands): a narrow terminal
+    wraps lines. A cell's lines stack in its row; control characters are escaped
+    (:func:`plain`). ``right``: columns aligned right; ``red``: (rows, column) whose
+    cells are marked red with ANSI.
+    """
+    cells = [[plain(cell).split("\n") for cell in row] for row in rows]
+    widths = [
+        max([width(c), *(width(line) for row in cells for line in row[n])])
+        for n, c in enumerate(columns)
+    ]
+
+    def line(texts: Sequence[str], edge: str, middle: str, red_at: int = -1) -> str:
         parts = []
-        for n, (cell, width) in enumerate(zip(cells, widths, strict=True)):
-            text = cell.rjust(width) if _COLUMNS[n] in _RIGHT else cell.ljust(width)
-            if red and n == 1:
+        for n, (text, wide) in enumerate(zip(texts, widths, strict=True)):
+            pad = " " * (wide - width(text))
+            text = pad + text if columns[n] in right else text + pad
+            if n == red_at:
                 text = f"\x1b[31m{text}\x1b[0m"
             parts.append(f" {text} ")
         return edge + middle.join(parts) + edge
@@ -304,7 +353,11 @@ def render(
     def rule(left: str, fill: str, cross: str, right: str) -> str:
         return left + cross.join(fill * (w + 2) for w in widths) + right
 
-    out = [title, rule("┏", "━", "┳", "┓"), line(_COLUMNS, "┃", "┃"), rule("┡", "━", "╇", "┩")]
-    out += [line(r, "│", "│", red=color and r[1] == "unreadable") for r in rows]
+    out = [] if title is None else [plain(title)]
+    out += [rule("┏", "━", "┳", "┓"), line(columns, "┃", "┃"), rule("┡", "━", "╇", "┩")]
+    for r, row in enumerate(cells):
+        for k in range(max(len(lines) for lines in row)):
+            texts = [lines[k] if k < len(lines) else "" for lines in row]
+            out.append(line(texts, "│", "│", red[1] if r in red[0] else -1))
     out.append(rule("└", "─", "┴", "┘"))
     return "\n".join(out) + "\n"

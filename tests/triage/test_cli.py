@@ -602,6 +602,31 @@ def test_the_same_command_after_a_finished_run_says_it_starts_a_new_one(state: P
     assert durably("show", finished, "--state", state, "--json").stdout == before
 
 
+def test_show_escapes_control_characters_and_keeps_an_answers_lines_in_its_column(
+    tmp_path: Path,
+) -> None:
+    """A model's answer with a terminal escape (clear the screen) is shown with the escape
+    written out, never acted on; its second line stays under the value column.
+    """
+    from durably import Agent, FileStore, Reply, ScriptedModel
+
+    state = tmp_path / "state"
+    agent = Agent(
+        model=ScriptedModel([Reply(text="first\x1b[2Jline\nsecond line")]),
+        tools=[],
+        store=FileStore(state / "runs"),
+    )
+    agent.run_sync("t", run_id="r1")
+
+    shown = durably("show", "r1", "--state", state)
+
+    assert shown.returncode == EXIT["done"], shown.stderr
+    assert "\x1b" not in shown.stdout
+    lines = shown.stdout.splitlines()
+    at = lines.index("answer      first\\x1b[2Jline")
+    assert lines[at + 1] == "            second line"
+
+
 def test_show_prints_user_and_model_text_as_written(tmp_path: Path) -> None:
     """Text that rich would read as markup or emoji (a task, a model's answer, an error quoting
     a store's path) is printed literally, and a closing tag with no opening one crashes nothing.

@@ -174,10 +174,12 @@ def test_a_run_id_that_is_a_path_is_refused_before_any_path_use(tmp_path: Path) 
 
 
 def test_show_on_a_missing_state_directory_creates_nothing(tmp_path: Path) -> None:
-    """``show`` with a --state that does not exist says the run is not found, making nothing."""
+    """``show`` with a --state that does not exist names the missing store as a usage error (as
+    ``runs`` and ``pending`` do), making nothing.
+    """
     result = durably("show", "r1", "--state", tmp_path / "deep" / "er")
-    assert result.returncode == EXIT["failed"], result.stdout + result.stderr
-    assert "no run 'r1'" in result.stderr
+    assert result.returncode == EXIT["usage"], result.stdout + result.stderr
+    assert f"{tmp_path / 'deep' / 'er' / 'runs'} does not exist" in result.stderr
     assert sorted(tmp_path.iterdir()) == []
 
 

@@ -89,7 +89,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="durably",
         description="Durable LLM agent runs: crash at any instant, resume without repeats.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_RawDescriptionFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(
@@ -98,6 +98,43 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for module, adder, _ in chosen:
         getattr(importlib.import_module(f".{module}", __package__), adder)(commands)
     return parser
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, without importing shutil.
+
+    argparse makes a formatter for every option it is given (to check its
+    metavar), and the formatter asks shutil for the width: shutil loads the
+    compression modules (bz2, lzma) that no command's parsing needs.
+    """
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, as wide as the terminal (:func:`_columns`)."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        width = _columns() - 2 if width is None else width  # as argparse narrows it
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _RawDescriptionFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """The top-level help: the epilog's lines kept as written."""
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -111,6 +148,10 @@ class _CommandParser(argparse.ArgumentParser):
     """
 
     _inner = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(**kwargs)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None

@@ -36,94 +36,122 @@ __all__ = [
 
 
 def show(state: RunState, console: Console) -> None:
-    """Print one run's checkpoint for a person."""
-    from rich.table import Table
-    from rich.text import Text  # user and model text: never read as markup or emoji
+    """Print one run's checkpoint for a person, as text (rich is not loaded to draw it).
 
+    User and model text is printed as written: never read as markup or emoji, its
+    control characters escaped (:func:`durably.listing.plain`).
+    """
+    console.file.write(show_text(state, color=console.is_terminal))
+    console.file.flush()
+
+
+def show_text(state: RunState, *, color: bool = False) -> str:
+    """:func:`show`'s text; ``color``: ANSI bold and yellow, for a terminal."""
+    from ..listing import plain, table
     from ..state import age
 
-    console.print(Text(state.run_id, style="bold"))
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="dim")
-    table.add_column()
-    table.add_row("task", Text(state.task.splitlines()[0][:100]) if state.task else "-")
-    table.add_row("phase", f"[bold]{state.phase}[/bold]")
-    table.add_row("turns", str(state.turns))
-    table.add_row(
-        "usage",
-        f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, ${state.dollars:.4f}",
-    )
+    def styled(text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+    rows = [
+        ("task", state.task.splitlines()[0][:100] if state.task else "-"),
+        ("phase", styled(str(state.phase), "1")),
+        ("turns", str(state.turns)),
+        (
+            "usage",
+            f"{state.usage.input_tokens} in / {state.usage.output_tokens} out, "
+            f"${state.dollars:.4f}",
+        ),
+    ]
     if state.unsaved_replies:
-        table.add_row(
-            "lost replies",
-            f"{state.unsaved_replies}, counted at their worst case: ${state.unsaved_dollars:.4f}",
+        rows.append(
+            (
+                "lost replies",
+                f"{state.unsaved_replies}, counted at their worst case: "
+                f"${state.unsaved_dollars:.4f}",
+            )
         )
     in_flight = state.model_call
     if in_flight is not None:
-        table.add_row(
-            "model call",
-            f"turn {in_flight.turn} asked {age(in_flight.asked_at)}, "
-            f"up to ${in_flight.worst_dollars:.4f}",
+        rows.append(
+            (
+                "model call",
+                f"turn {in_flight.turn} asked {age(in_flight.asked_at)}, "
+                f"up to ${in_flight.worst_dollars:.4f}",
+            )
         )
-    table.add_row("restarts", str(state.resumes))
-    table.add_row("created", state.created_at.isoformat(timespec="seconds"))
-    table.add_row("last saved", age(state.saved_at))
+    rows += [
+        ("restarts", str(state.resumes)),
+        ("created", state.created_at.isoformat(timespec="seconds")),
+        ("last saved", age(state.saved_at)),
+    ]
     if state.answer is not None:
-        table.add_row("answer", Text(state.answer[:300]))
+        rows.append(("answer", state.answer[:300]))
     if state.stop_reason:
-        table.add_row("stopped", Text(state.stop_reason))
-    console.print(table)
+        rows.append(("stopped", state.stop_reason))
+    key_width = max(len(key) for key, _ in rows)
+    out = [styled(state.run_id, "1")]
+    for key, value in rows:
+        # The value's own lines stay under its column; the phase's ANSI is ours, kept.
+        lines = (plain(value) if key != "phase" else value).split("\n")
+        out.append(f"{styled(key.ljust(key_width), '2')}  {lines[0]}".rstrip())
+        out += [f"{' ' * key_width}  {more}".rstrip() for more in lines[1:]]
+    text = "\n".join(out) + "\n"
 
     if state.pending:
-        pending = Table(title="waiting for a person", title_justify="left")
-        for column in ("call", "tool", "question", "asked"):
-            pending.add_column(column)
-        for approval in state.pending.values():
-            question = (
-                "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}"
-            )
-            pending.add_row(
-                Text(approval.call_id), Text(approval.tool), Text(question), age(approval.asked_at)
-            )
-        console.print(pending)
+        text += table(
+            ("call", "tool", "question", "asked"),
+            [
+                (
+                    approval.call_id,
+                    approval.tool,
+                    "approve?" if approval.kind == "approve" else f"did it happen? {approval.why}",
+                    age(approval.asked_at),
+                )
+                for approval in state.pending.values()
+            ],
+            title="waiting for a person",
+        )
 
     if state.markers:
-        markers = Table(title="attempt markers (calls that may have acted)", title_justify="left")
-        for column in ("call", "tool", "idempotency key", "age", "intended files"):
-            markers.add_column(column)
-        for call_id, marker in state.markers.items():
-            files = ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-"
-            markers.add_row(
-                Text(call_id),
-                Text(marker.tool),
-                Text(marker.key),
-                age(marker.started_at),
-                Text(files),
-            )
-        console.print(markers)
+        text += table(
+            ("call", "tool", "idempotency key", "age", "intended files"),
+            [
+                (
+                    call_id,
+                    marker.tool,
+                    marker.key,
+                    age(marker.started_at),
+                    ", ".join(f"{p} ({h[:12]})" for p, h in marker.intended.items()) or "-",
+                )
+                for call_id, marker in state.markers.items()
+            ],
+            title="attempt markers (calls that may have acted)",
+        )
 
-    _show_decisions(state, console)
+    text += _decisions_text(state)
 
     reply = state.last_reply()
     if reply is not None and reply.calls:
         answered = state.answered()
-        calls = Table(title=f"last reply (turn {reply.turn})", title_justify="left")
-        for column in ("call", "tool", "arguments", "answered"):
-            calls.add_column(column)
+        calls = []
         for call in reply.calls:
             result = answered.get(call.id)
             status = "-" if result is None else ("error" if result.is_error else "yes")
             if call.id in state.markers:
-                status = "[yellow]in doubt[/yellow]"
-            calls.add_row(Text(call.id), Text(call.name), Text(call.arguments[:60]), status)
-        console.print(calls)
+                status = "in doubt"
+            calls.append((call.id, call.name, call.arguments[:60], status))
+        text += table(
+            ("call", "tool", "arguments", "answered"),
+            calls,
+            title=f"last reply (turn {reply.turn})",
+        )
+    return text
 
 
-def _show_decisions(state: RunState, console: Console) -> None:
+def _decisions_text(state: RunState) -> str:
     """The run's ladder verdicts and approval answers, kept for its whole life (done runs too)."""
-    from rich.table import Table
-    from rich.text import Text
-
+    from ..listing import table
     from ..state import LADDER_STEPS, AssistantMessage
 
     tools = {
@@ -132,35 +160,39 @@ def _show_decisions(state: RunState, console: Console) -> None:
         if isinstance(message, AssistantMessage)
         for call in message.calls
     }
+    text = ""
     if state.resolutions:
-        settled = Table(title="resolutions (calls found in doubt)", title_justify="left")
-        for column in ("call", "tool", "ladder step", "outcome", "by", "detail"):
-            settled.add_column(column)
-        for call_id, resolution in state.resolutions.items():
-            settled.add_row(
-                Text(call_id),
-                Text(tools.get(call_id, "?")),
-                f"{resolution.step} ({LADDER_STEPS.get(resolution.step, '?')})",
-                str(resolution.outcome),
-                Text(resolution.by or "-"),
-                Text((resolution.detail or "-")[:100]),
-            )
-        console.print(settled)
+        text += table(
+            ("call", "tool", "ladder step", "outcome", "by", "detail"),
+            [
+                (
+                    call_id,
+                    tools.get(call_id, "?"),
+                    f"{resolution.step} ({LADDER_STEPS.get(resolution.step, '?')})",
+                    str(resolution.outcome),
+                    resolution.by or "-",
+                    (resolution.detail or "-")[:100],
+                )
+                for call_id, resolution in state.resolutions.items()
+            ],
+            title="resolutions (calls found in doubt)",
+        )
     if state.approvals_given:
-        answered = Table(title="approvals", title_justify="left")
-        for column in ("call", "tool", "answer", "by", "when", "reason"):
-            answered.add_column(column)
+        rows = []
         for call_id, decision in state.approvals_given.items():
             when = decision.decided_at
-            answered.add_row(
-                Text(call_id),
-                Text(tools.get(call_id, "?")),
-                "yes" if decision.approved else "no",
-                Text(decision.by or "-"),
-                when.isoformat(timespec="seconds") if when is not None else "-",
-                Text((decision.reason or "-")[:100]),
+            rows.append(
+                (
+                    call_id,
+                    tools.get(call_id, "?"),
+                    "yes" if decision.approved else "no",
+                    decision.by or "-",
+                    when.isoformat(timespec="seconds") if when is not None else "-",
+                    (decision.reason or "-")[:100],
+                )
             )
-        console.print(answered)
+        text += table(("call", "tool", "answer", "by", "when", "reason"), rows, title="approvals")
+    return text
 
 
 def runs_table(
@@ -254,15 +286,32 @@ def pick_run(runs: list[str], given: str) -> str | list[str]:
     return matches[0] if matches else given
 
 
+def _store_directory(args: argparse.Namespace, errors: Console) -> Path | None:
+    """The directory ``STORE`` (or ``--state DIR``'s ``DIR/runs``) names; None, said, if missing.
+
+    A directory given by itself is the one a FileStore/JournalStore was given.
+    Nothing is created: an empty table, or "no run", would hide a mistyped path.
+    """
+    directory = Path(args.store) if args.store else runs_dir(args.state)
+    if directory.is_dir():
+        return directory
+    given = "" if args.store else f"nothing has run with --state {args.state}; "
+    errors.print(f"no runs: {directory} does not exist ({given}check the path)", highlight=False)
+    return None
+
+
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
     if args.dsn:
         import asyncio
 
         found = asyncio.run(_read_postgres(args.dsn, args.run))
     else:
+        directory = _store_directory(args, errors)
+        if directory is None:
+            return EXIT["usage"]  # as `runs` and `pending` answer a missing store
         from ..stores.journal import JournalStore
 
-        store = JournalStore(runs_dir(args.state))  # reads snapshot-store runs too
+        store = JournalStore(directory)  # reads snapshot-store runs too
         run = run_by_prefix(store, args.run)
         found = run if isinstance(run, list) else store.read_sync(run)
     if isinstance(found, list):
@@ -309,14 +358,8 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
             sort=args.sort,
         )
         return EXIT["failed"] if unreadable else EXIT["done"]
-    # A directory given by itself is the one a FileStore/JournalStore was given.
-    directory = Path(args.store) if args.store else runs_dir(args.state)
-    if not directory.is_dir():
-        # An empty table would hide a mistyped --state; nothing is created here.
-        given = "" if args.store else f"nothing has run with --state {args.state}; "
-        errors.print(
-            f"no runs: {directory} does not exist ({given}check the path)", highlight=False
-        )
+    directory = _store_directory(args, errors)
+    if directory is None:
         return EXIT["usage"]  # as every command that reads a store answers a missing one
     from ..stores.journal import JournalStore
 
@@ -326,12 +369,16 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
     return EXIT["failed"] if unreadable else EXIT["done"]
 
 
+_STORE_HELP = "a FileStore/JournalStore directory (instead of --state DIR, which reads DIR/runs)"
+
+
 def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``durably show`` on the ``durably`` parser."""
     show_cmd = commands.add_parser("show", help="show one run's checkpoint")
     show_cmd.add_argument(
         "run", type=run_id_arg, help="run ID, or its start if no other run ID starts so"
     )
+    show_cmd.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
     state_option(show_cmd)
     dsn_option(
         show_cmd,
@@ -340,15 +387,13 @@ def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         from_environment=False,
     )
     show_cmd.add_argument("--json", action="store_true", help="print the state as JSON")
-    show_cmd.set_defaults(handler=_cmd_show)
+    show_cmd.set_defaults(handler=_cmd_show, plain_output=True)  # rich only for an error
 
 
 def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``durably runs`` on the ``durably`` parser."""
     runs_cmd = commands.add_parser("runs", help="list runs")
-    runs_cmd.add_argument(
-        "store", nargs="?", metavar="STORE", help="a FileStore/JournalStore directory"
-    )
+    runs_cmd.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
     state_option(runs_cmd)
     dsn_option(
         runs_cmd,

@@ -31,14 +31,17 @@ path, with the same checks and errors.
 from __future__ import annotations
 
 import re
-import threading
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..errors import CheckpointCorrupt
 from ..state import Message, RunState, decode_state
+
+if TYPE_CHECKING:
+    import threading
 
 __all__ = ["VERSIONS", "Opened", "Sealer", "open_envelope", "open_sealed", "open_snapshot", "seal"]
 
@@ -175,7 +178,8 @@ class Sealer:
         self._first, self._last = messages[0], messages[-1]
 
 
-_scratch = threading.local()
+_scratch: threading.local | None = None
+"""Made on the first seal: a process that only reads a store never loads ``threading``."""
 
 
 def seal(state: RunState, *, journal: int = 0, version: int | None = None) -> bytes:
@@ -184,6 +188,11 @@ def seal(state: RunState, *, journal: int = 0, version: int | None = None) -> by
     The encoding buffer is kept per thread, so a large state sealed again does
     not pay for fresh memory (a 500 KB seal took 213 page faults without it).
     """
+    global _scratch  # made once, on first use
+    if _scratch is None:
+        import threading
+
+        _scratch = threading.local()
     buffer: bytearray | None = getattr(_scratch, "buffer", None)
     if buffer is None:
         buffer = _scratch.buffer = bytearray()
