@@ -137,6 +137,9 @@ def worker_started() -> None:
     # the caller's bar again with every line. This process writes to its own fds.
     sys.stdout = sys.__stdout__ or sys.stdout
     sys.stderr = sys.__stderr__ or sys.stderr
+    # The sweep judges every verdict itself; a scenario's one-line ladder announcements
+    # (printed to stderr while nothing else handles them) are not a child's output.
+    logging.getLogger("durably.ladder").addHandler(logging.NullHandler())
     if _directory is None or _redirected:
         return
     fd = os.open(
