@@ -25,15 +25,12 @@ or handoff the request does not offer is :class:`ReplayDiverged`, never a silent
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
-import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
 
-import msgspec
 from agents import Agent, RunConfig, Runner
 from agents.exceptions import UserError
 from agents.handoffs import Handoff
@@ -48,21 +45,19 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from .. import faults
+from .. import faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from ..errors import DurablyError, RunNotFound
+from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
 from ..state import (
     AssistantMessage,
     Effect,
-    Fingerprint,
     Phase,
     RunState,
     ToolCall,
-    ToolPrint,
-    ToolResult,
     Usage,
     UserMessage,
     utcnow,
@@ -76,8 +71,6 @@ __all__ = ["DurableRunner", "ReplayDiverged", "RunPaused", "tool_context"]
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
 
-_CONTEXT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("durably_oai_context")
-
 
 def tool_context() -> ToolContext:
     """The durable context of the tool call being served: run ID, call ID, idempotency key.
@@ -89,16 +82,10 @@ def tool_context() -> ToolContext:
     Raises:
         RuntimeError: called outside a tool call that ``DurableRunner`` is serving.
     """
-    try:
-        return _CONTEXT.get()
-    except LookupError:
-        raise RuntimeError(
-            "durably.openai_agents.tool_context() was called outside a tool call of a run "
-            "driven by DurableRunner; call it inside the tool function"
-        ) from None
+    return served_tool_context("durably.openai_agents", "a run driven by DurableRunner")
 
 
-class RunPaused(DurablyError):
+class RunPaused(frontend.RunPaused):
     """Raised from ``DurableRunner.run`` when a call waits for a person.
 
     The run is saved as paused with its questions (``DurableRunner.outcome(run_id)``);
@@ -106,15 +93,7 @@ class RunPaused(DurablyError):
     :meth:`DurableRunner.resume` carries it on.
     """
 
-    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
-        self.run_id = run_id
-        self.call_ids = tuple(call_ids)
-        calls = ", ".join(self.call_ids) or "none"
-        super().__init__(
-            f"run {run_id!r} waits for a person about call(s) {calls}; see them with "
-            f"`durably pending`, answer with `durably answer {run_id} <call> ...`, then "
-            "carry the run on with DurableRunner.resume"
-        )
+    resume_with = "DurableRunner.resume"
 
 
 class ReplayDiverged(DurablyError):
@@ -136,10 +115,6 @@ class ReplayDiverged(DurablyError):
 
 async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
     raise RuntimeError("an Agents SDK tool runs through its own on_invoke_tool, not this")
-
-
-class _NoArguments(msgspec.Struct):
-    """The SDK validates a tool's arguments itself; durably never parses them."""
 
 
 class _Hold:
@@ -288,7 +263,7 @@ class DurableRunner:
                 session.check_workspace()
             graph = _agents(agent)
             tools = {t.name: self._tool(t) for a in graph for t in a.tools if _is_function(t)}
-            now = _fingerprint(agent, graph, tools)
+            now = frontend.fingerprint(_agents_label(agent, graph), tools)
             if state.fingerprint is None:
                 state.fingerprint = now  # saved with the first model-call marker
             else:
@@ -344,7 +319,7 @@ class DurableRunner:
             description=tool.description or tool.name,
             effect=effect,
             function=_never_called,
-            arguments=_NoArguments,
+            arguments=NoArguments,
             schema=dict(tool.params_json_schema),
             needs_approval=tool.name in self.needs_approval,
             key_ttl=self.key_ttls.get(tool.name),
@@ -412,7 +387,7 @@ class _Wrapper:
             session = hold.session
             state = session.state
             call_id = ctx.tool_call_id
-            saved = _saved_result(state, call_id)
+            saved = saved_result(state, call_id)
             if saved is not None:
                 return saved.content
             pending = session.open_calls().get(call_id)
@@ -423,16 +398,13 @@ class _Wrapper:
                 )
 
             async def run(durable: ToolContext) -> str:
-                token = _CONTEXT.set(durable)
-                try:
+                with serving(durable):
                     value = await inner.on_invoke_tool(ctx, arguments)
-                finally:
-                    _CONTEXT.reset(token)
                 return value if isinstance(value, str) else str(value)
 
             if not await session.settle(pending, engine_tool, _arguments(arguments), run=run):
                 raise RunPaused(run_id=state.run_id, call_ids=list(state.pending))
-            settled = _saved_result(state, call_id)
+            settled = saved_result(state, call_id)
             if settled is None:  # pragma: no cover - settle returns True only with a result
                 raise RuntimeError(f"call {call_id!r} settled without a result")
             return settled.content
@@ -484,7 +456,7 @@ class _DurableModel(Model):
         hold.turn += 1
         turn = hold.turn
         offered = {getattr(t, "name", None) for t in tools} | {h.tool_name for h in handoffs}
-        saved = _saved_reply(state, turn)
+        saved = saved_reply(state, turn, front="durably.openai_agents")
         if saved is not None:
             for call in saved.calls:
                 if call.name not in offered:
@@ -594,38 +566,9 @@ def _agents(agent: Agent[Any]) -> list[Agent[Any]]:
     return list(found.values())
 
 
-def _fingerprint(
-    start: Agent[Any], graph: list[Agent[Any]], tools: Mapping[str, Tool]
-) -> Fingerprint:
-    """What the run was started with: its agents' names and each tool's effect and schema.
-
-    Instructions are not in it: the SDK may build them per request.
-    """
-    return Fingerprint(
-        model=" -> ".join([start.name, *sorted(a.name for a in graph if a is not start)]),
-        system_sha256=hashlib.sha256(b"").hexdigest(),
-        tools=tuple(
-            ToolPrint(
-                name=t.name,
-                effect=t.effect,
-                schema_sha256=t.schema_sha256,
-                needs_approval=t.needs_approval,
-            )
-            for t in sorted(tools.values(), key=lambda t: t.name)
-        ),
-    )
-
-
-def _saved_reply(state: RunState, turn: int) -> AssistantMessage | None:
-    if turn > state.turns:
-        return None
-    for message in state.messages:
-        if isinstance(message, AssistantMessage) and message.turn == turn:
-            return message
-    raise ValueError(
-        f"run {state.run_id!r} has {state.turns} saved turns but no reply for turn {turn} "
-        "(history folded into a summary is not covered by durably.openai_agents)"
-    )
+def _agents_label(start: Agent[Any], graph: list[Agent[Any]]) -> str:
+    """The fingerprint's model label: the starting agent's name, then the others' (sorted)."""
+    return " -> ".join([start.name, *sorted(a.name for a in graph if a is not start)])
 
 
 def _response(saved: AssistantMessage) -> ModelResponse:
@@ -654,13 +597,6 @@ def _response(saved: AssistantMessage) -> ModelResponse:
         total_tokens=saved.usage.input_tokens + saved.usage.output_tokens,
     )
     return ModelResponse(output=output, usage=usage, response_id=None)
-
-
-def _saved_result(state: RunState, call_id: str) -> ToolResult | None:
-    for message in reversed(state.messages):
-        if isinstance(message, ToolResult) and message.call_id == call_id:
-            return message
-    return None
 
 
 def _raise_ours(exc: BaseException) -> None:

@@ -21,15 +21,12 @@ the tools need to be deterministic.
 
 from __future__ import annotations
 
-import contextvars
 import copy
-import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-import msgspec
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import (
@@ -42,20 +39,19 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.usage import RequestUsage
 from pydantic_core import to_json
 
-from .. import faults
+from .. import faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
-from ..errors import DurablyError, RunNotFound
+from ..errors import RunNotFound
+from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
 from ..state import (
     AssistantMessage,
     Effect,
-    Fingerprint,
     Phase,
     RunState,
     ToolCall,
-    ToolPrint,
     ToolResult,
     Usage,
     UserMessage,
@@ -70,8 +66,6 @@ __all__ = ["Durable", "RunPaused", "tool_context"]
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
 
-_CONTEXT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("durably_tool_context")
-
 
 def tool_context() -> ToolContext:
     """The durable context of the tool call being served: run ID, call ID, idempotency key.
@@ -83,16 +77,10 @@ def tool_context() -> ToolContext:
     Raises:
         RuntimeError: called outside a tool call that ``Durable`` is serving.
     """
-    try:
-        return _CONTEXT.get()
-    except LookupError:
-        raise RuntimeError(
-            "durably.pydantic_ai.tool_context() was called outside a tool call of an agent "
-            "with the Durable capability; call it inside the tool function"
-        ) from None
+    return served_tool_context("durably.pydantic_ai", "an agent with the Durable capability")
 
 
-class RunPaused(DurablyError):
+class RunPaused(frontend.RunPaused):
     """Raised from ``agent.run`` when a call waits for a person; answer with ``durably answer``.
 
     The run is saved as paused with its questions (``Durable.outcome(run_id).pending``);
@@ -100,23 +88,11 @@ class RunPaused(DurablyError):
     :meth:`Durable.resume` carries it on.
     """
 
-    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
-        self.run_id = run_id
-        self.call_ids = tuple(call_ids)
-        calls = ", ".join(self.call_ids) or "none"
-        super().__init__(
-            f"run {run_id!r} waits for a person about call(s) {calls}; see them with "
-            f"`durably pending`, answer with `durably answer {run_id} <call> ...`, then "
-            "carry the run on with Durable.resume"
-        )
+    resume_with = "Durable.resume"
 
 
 async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
     raise RuntimeError("a Pydantic AI tool runs through its own handler, not this function")
-
-
-class _NoArguments(msgspec.Struct):
-    """Pydantic AI validates a tool's arguments itself; durably never parses them."""
 
 
 class _Hold:
@@ -262,7 +238,7 @@ class Durable(AbstractCapability[Any]):
         if hold.tools is None:
             session = self._session()
             tools = {d.name: self._tool(d) for d in tool_defs}
-            now = _fingerprint(ctx, tools)
+            now = frontend.fingerprint(_model_name(ctx), tools)
             if session.state.fingerprint is None:
                 session.state.fingerprint = now  # saved with the first model-call marker
             else:
@@ -278,7 +254,7 @@ class Durable(AbstractCapability[Any]):
         state = session.state
         hold.turn += 1
         turn = hold.turn
-        saved = _saved_reply(state, turn)
+        saved = saved_reply(state, turn, front="durably.pydantic_ai")
         if saved is not None:
             return _response(saved)
         parameters = request_context.model_request_parameters
@@ -332,7 +308,7 @@ class Durable(AbstractCapability[Any]):
         """A saved result is given back; any other call goes through the engine."""
         hold, session = self._the_hold(), self._session()
         state = session.state
-        saved = _saved_result(state, call.tool_call_id)
+        saved = saved_result(state, call.tool_call_id)
         if saved is not None:
             return _replayed(saved)
         tool = (hold.tools or {}).get(tool_def.name) or self._tool(tool_def)
@@ -345,14 +321,12 @@ class Durable(AbstractCapability[Any]):
         ran: dict[str, Any] = {}
 
         async def run(durable: ToolContext) -> str:
-            token = _CONTEXT.set(durable)
-            try:
-                value = await handler(args)
-            except Exception as exc:
-                ran["error"] = exc  # saved as the call's error result, then raised as it was
-                raise
-            finally:
-                _CONTEXT.reset(token)
+            with serving(durable):
+                try:
+                    value = await handler(args)
+                except Exception as exc:
+                    ran["error"] = exc  # saved as the call's error result, then raised as it was
+                    raise
             ran["value"] = value
             return value if isinstance(value, str) else to_json(value).decode()
 
@@ -362,7 +336,7 @@ class Durable(AbstractCapability[Any]):
             raise ran["error"]
         if "value" in ran:
             return ran["value"]
-        settled = _saved_result(state, call.tool_call_id)  # the ladder found it, or a person
+        settled = saved_result(state, call.tool_call_id)  # the ladder found it, or a person
         if settled is None:  # pragma: no cover - settle returns True only with a result
             raise RuntimeError(f"call {call.tool_call_id!r} settled without a result")
         return _replayed(settled)
@@ -405,7 +379,7 @@ class Durable(AbstractCapability[Any]):
             description=definition.description or definition.name,
             effect=effect,
             function=_never_called,
-            arguments=_NoArguments,
+            arguments=NoArguments,
             schema=dict(definition.parameters_json_schema),
             needs_approval=bool(declared.get("needs_approval", False)),
             key_ttl=None if ttl is None else timedelta(seconds=float(ttl)),
@@ -441,38 +415,6 @@ def _model_name(ctx: RunContext[Any]) -> str:
     return str(getattr(ctx.model, "model_name", None) or type(ctx.model).__name__)
 
 
-def _fingerprint(ctx: RunContext[Any], tools: Mapping[str, Tool]) -> Fingerprint:
-    """What the run was started with: the model's name and each tool's effect and schema.
-
-    Instructions are not in it: Pydantic AI may build them per request.
-    """
-    return Fingerprint(
-        model=_model_name(ctx),
-        system_sha256=hashlib.sha256(b"").hexdigest(),
-        tools=tuple(
-            ToolPrint(
-                name=t.name,
-                effect=t.effect,
-                schema_sha256=t.schema_sha256,
-                needs_approval=t.needs_approval,
-            )
-            for t in sorted(tools.values(), key=lambda t: t.name)
-        ),
-    )
-
-
-def _saved_reply(state: RunState, turn: int) -> AssistantMessage | None:
-    if turn > state.turns:
-        return None
-    for message in state.messages:
-        if isinstance(message, AssistantMessage) and message.turn == turn:
-            return message
-    raise ValueError(
-        f"run {state.run_id!r} has {state.turns} saved turns but no reply for turn {turn} "
-        "(history folded into a summary is not covered by durably.pydantic_ai)"
-    )
-
-
 def _response(saved: AssistantMessage) -> ModelResponse:
     """The saved reply as Pydantic AI's response: its text, its calls under their IDs, its usage."""
     parts: list[Any] = [TextPart(saved.text)] if saved.text else []
@@ -484,13 +426,6 @@ def _response(saved: AssistantMessage) -> ModelResponse:
         cache_write_tokens=saved.usage.cache_write_tokens,
     )
     return ModelResponse(parts=parts, usage=usage, model_name=saved.model)
-
-
-def _saved_result(state: RunState, call_id: str) -> ToolResult | None:
-    for message in reversed(state.messages):
-        if isinstance(message, ToolResult) and message.call_id == call_id:
-            return message
-    return None
 
 
 def _replayed(saved: ToolResult) -> str:

@@ -1,0 +1,129 @@
+"""What every framework front end on :mod:`durably.engine` shares.
+
+A front end (``durably.pydantic_ai``, ``durably.openai_agents``) lets its framework
+run the model and the tools and hands each reply and call to a
+:class:`~durably.engine.RunSession`. Around that they all need the same few things,
+kept here once: the tool context of the call being served, the pause a person's
+question ends a run with, the run's fingerprint, and the saved reply and result a
+restart hands back instead of asking again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import ClassVar
+
+import msgspec
+
+from .errors import DurablyError
+from .state import AssistantMessage, Fingerprint, RunState, ToolPrint, ToolResult
+from .tools import Tool, ToolContext
+
+__all__ = [
+    "NoArguments",
+    "RunPaused",
+    "fingerprint",
+    "saved_reply",
+    "saved_result",
+    "served_tool_context",
+    "serving",
+]
+
+_SERVED: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("durably_served_tool")
+
+
+@contextmanager
+def serving(ctx: ToolContext) -> Iterator[None]:
+    """Make ``ctx`` the tool context of the call being served, for the tool to read."""
+    token = _SERVED.set(ctx)
+    try:
+        yield
+    finally:
+        _SERVED.reset(token)
+
+
+def served_tool_context(front: str, served_by: str) -> ToolContext:
+    """The context :func:`serving` set, or an error naming the front end and what serves calls.
+
+    Raises:
+        RuntimeError: called outside a tool call that the front end is serving.
+    """
+    try:
+        return _SERVED.get()
+    except LookupError:
+        raise RuntimeError(
+            f"{front}.tool_context() was called outside a tool call of {served_by}; "
+            "call it inside the tool function"
+        ) from None
+
+
+class RunPaused(DurablyError):
+    """Raised when a call waits for a person; the run is saved as paused with its questions.
+
+    Once they are answered (``durably answer``, the console, or the approver), the
+    front end's ``resume`` carries the run on. Each front end names its own.
+    """
+
+    resume_with: ClassVar[str] = "resume"
+
+    def __init__(self, *, run_id: str, call_ids: Sequence[str]) -> None:
+        self.run_id = run_id
+        self.call_ids = tuple(call_ids)
+        calls = ", ".join(self.call_ids) or "none"
+        super().__init__(
+            f"run {run_id!r} waits for a person about call(s) {calls}; see them with "
+            f"`durably pending`, answer with `durably answer {run_id} <call> ...`, then "
+            f"carry the run on with {self.resume_with}"
+        )
+
+
+class NoArguments(msgspec.Struct):
+    """The arguments of a tool whose framework validates them itself; durably never parses."""
+
+
+def fingerprint(model: str, tools: Mapping[str, Tool]) -> Fingerprint:
+    """What a run was started with: a label for its model (or agents) and each tool's declaration.
+
+    No system prompt is in it: the frameworks may build their instructions per request.
+    """
+    return Fingerprint(
+        model=model,
+        system_sha256=hashlib.sha256(b"").hexdigest(),
+        tools=tuple(
+            ToolPrint(
+                name=t.name,
+                effect=t.effect,
+                schema_sha256=t.schema_sha256,
+                needs_approval=t.needs_approval,
+            )
+            for t in sorted(tools.values(), key=lambda t: t.name)
+        ),
+    )
+
+
+def saved_reply(state: RunState, turn: int, *, front: str) -> AssistantMessage | None:
+    """The reply saved for ``turn``, or None when the run has not reached it.
+
+    Raises:
+        ValueError: the turn was saved but its reply is no longer in the history.
+    """
+    if turn > state.turns:
+        return None
+    for message in state.messages:
+        if isinstance(message, AssistantMessage) and message.turn == turn:
+            return message
+    raise ValueError(
+        f"run {state.run_id!r} has {state.turns} saved turns but no reply for turn {turn} "
+        f"(history folded into a summary is not covered by {front})"
+    )
+
+
+def saved_result(state: RunState, call_id: str) -> ToolResult | None:
+    """The result saved for ``call_id``, the latest if there are several; None if none."""
+    for message in reversed(state.messages):
+        if isinstance(message, ToolResult) and message.call_id == call_id:
+            return message
+    return None
