@@ -16,7 +16,13 @@ from typing import Any
 from .approval import Approver
 from .tools import Tool
 
-__all__ = ["check_approver", "check_limit_fields", "check_model", "checked_tools"]
+__all__ = [
+    "check_approver",
+    "check_limit_fields",
+    "check_model",
+    "check_someone_approves",
+    "checked_tools",
+]
 
 _NO_APPROVER = (
     "no approver was given, and the tool(s) {names} need approval: say who answers, "
@@ -88,15 +94,24 @@ def check_approver(approver: object, tools: Iterable[Tool]) -> None:
         TypeError: naming ``TerminalApprover``, ``AskLater`` and ``PolicyApprover``.
     """
     if approver is None:
-        asking = sorted(t.name for t in tools if t.needs_approval)
-        if asking:
-            raise TypeError(_NO_APPROVER.format(names=", ".join(map(repr, asking))))
+        check_someone_approves(None, [t.name for t in tools if t.needs_approval])
         return
     if not isinstance(approver, Approver):
         raise TypeError(
             f"approver must answer approve(request) and resolve(request), got {_shown(approver)}: "
             "use durably.TerminalApprover(), durably.AskLater() or durably.PolicyApprover()"
         )
+
+
+def check_someone_approves(approver: object, asking: Iterable[str]) -> None:
+    """Refuse no approver where the tools named in ``asking`` need a person's yes.
+
+    Raises:
+        TypeError: naming the tools, ``TerminalApprover``, ``AskLater`` and ``PolicyApprover``.
+    """
+    names = sorted(asking)
+    if approver is None and names:
+        raise TypeError(_NO_APPROVER.format(names=", ".join(map(repr, names))))
 
 
 def check_limit_fields(limits: Any) -> None:

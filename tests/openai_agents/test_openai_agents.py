@@ -476,3 +476,11 @@ def test_models_named_by_string_are_saved_through_the_run_configs_provider(
     assert asked == [1, 2, 3, 4, 5]
     assert place.log.turns(RUN_ID) == asked  # the second run paid for nothing
     assert {"scripted-desk", "scripted-closer"} <= set(names)
+
+
+def test_a_tool_needing_approval_without_an_approver_is_refused(tmp_path: Path) -> None:
+    """As ``durably.Agent``: no silent approve-all; refused before anything runs."""
+    place = Place(tmp_path)
+    with pytest.raises(TypeError, match=r"'post_note' need approval.*AskLater.*PolicyApprover"):
+        place.run(approval=frozenset({"post_note"}))
+    assert not place.service.effects()

@@ -384,3 +384,11 @@ def test_a_run_owned_by_another_process_is_refused(tmp_path: Path) -> None:
         asyncio.run(held())
     assert place.log.turns(RUN_ID) == asked
     assert place.service.effects() == {}
+
+
+def test_a_tool_needing_approval_without_an_approver_is_refused(tmp_path: Path) -> None:
+    """As ``durably.Agent``: no silent approve-all; the error names who could answer."""
+    place = Place(tmp_path)
+    with pytest.raises(TypeError, match=r"'post_note' need approval.*AskLater.*PolicyApprover"):
+        place.run(approval=frozenset({"post_note"}))
+    assert not place.service.effects()

@@ -45,7 +45,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from .. import faults, frontend
+from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from ..errors import DurablyError, RunNotFound
@@ -145,8 +145,10 @@ class DurableRunner:
         price: dollars per million tokens (needed for ``limits.max_dollars``).
         max_output_tokens: the most one reply may be billed for, bounding each
             call's worst case under a dollar limit.
-        approver: answers approval and in-doubt questions (default: approve
-            everything, and pause for a person on an in-doubt write).
+        approver: answers approval and in-doubt questions. Required when
+            ``needs_approval`` names a tool (``TerminalApprover``, ``AskLater``, or
+            ``PolicyApprover`` to approve every call); without one, an in-doubt write
+            pauses the run for a person.
         workspace: the directory tools write files through, if any.
         clock: the time source for markers and key ages.
         allow_agent_change: resume runs started with a different agent.
@@ -191,6 +193,8 @@ class DurableRunner:
         self.lookups = dict(lookups or {})
         self.key_ttls = dict(key_ttls or {})
         self.needs_approval = frozenset(needs_approval)
+        # As durably.Agent: no silent approve-all where a tool asks for a person's yes.
+        _declarations.check_someone_approves(approver, self.needs_approval)
         self.price = price
         self.max_output_tokens = max_output_tokens
         self.approver: Approver = approver or ScriptedApprover()

@@ -39,7 +39,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.usage import RequestUsage
 from pydantic_core import to_json
 
-from .. import faults, frontend
+from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from ..errors import RunNotFound
@@ -122,8 +122,10 @@ class Durable(AbstractCapability[Any]):
         price: dollars per million tokens (needed for ``limits.max_dollars``).
         max_output_tokens: the most one reply may be billed for, bounding each
             call's worst case under a dollar limit.
-        approver: answers approval and in-doubt questions (default: approve
-            everything, and pause for a person on an in-doubt write).
+        approver: answers approval and in-doubt questions. Required when a tool's
+            metadata asks for approval (``TerminalApprover``, ``AskLater``, or
+            ``PolicyApprover`` to approve every call); without one, an in-doubt write
+            pauses the run for a person.
         workspace: the directory tools write files through, if any.
         clock: the time source for markers and key ages.
         allow_agent_change: resume runs started with a different agent.
@@ -158,6 +160,7 @@ class Durable(AbstractCapability[Any]):
         self.lookups = dict(lookups or {})
         self.price = price
         self.max_output_tokens = max_output_tokens
+        self._approver_given = approver  # None: refused once a tool needs approval
         self.approver: Approver = approver or ScriptedApprover()
         self.workspace = workspace
         self.clock = clock
@@ -238,6 +241,8 @@ class Durable(AbstractCapability[Any]):
         if hold.tools is None:
             session = self._session()
             tools = {d.name: self._tool(d) for d in tool_defs}
+            # As durably.Agent: no silent approve-all where a tool asks for a person's yes.
+            _declarations.check_approver(self._approver_given, tools.values())
             now = frontend.fingerprint(_model_name(ctx), tools)
             if session.state.fingerprint is None:
                 session.state.fingerprint = now  # saved with the first model-call marker
