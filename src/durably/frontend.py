@@ -12,20 +12,36 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import ClassVar
 
 import msgspec
 
-from .errors import DurablyError
-from .state import AssistantMessage, Fingerprint, RunState, ToolPrint, ToolResult
+from . import faults
+from .approval import Approver
+from .engine import Event, Limits, RunSession, SavePoint
+from .errors import DurablyError, RunNotFound
+from .state import (
+    AssistantMessage,
+    Fingerprint,
+    Phase,
+    RunState,
+    ToolPrint,
+    ToolResult,
+    UserMessage,
+)
+from .stores import RunHandle, Store
 from .tools import Tool, ToolContext
+from .workspace import Workspace
 
 __all__ = [
     "NoArguments",
     "RunPaused",
     "fingerprint",
+    "open_or_create",
+    "opened_session",
     "saved_reply",
     "saved_result",
     "served_tool_context",
@@ -127,3 +143,57 @@ def saved_result(state: RunState, call_id: str) -> ToolResult | None:
         if isinstance(message, ToolResult) and message.call_id == call_id:
             return message
     return None
+
+
+async def open_or_create(
+    store: Store, run_id: str, task: Callable[[], str], *, clock: Callable[[], datetime]
+) -> tuple[RunHandle, RunState, bool]:
+    """The run under its lock, and whether it is new: a new one is saved first (save point 1).
+
+    ``task`` is asked only for a new run: a resumed one carries its saved task.
+    """
+    try:
+        handle, state = await store.open(run_id)
+    except RunNotFound:
+        text = task()
+        state = RunState(
+            run_id=run_id, task=text, created_at=clock(), messages=[UserMessage(text=text)]
+        )
+        return await store.create(state), state, True  # SavePoint.START
+    return handle, state, False
+
+
+async def opened_session(
+    handle: RunHandle,
+    state: RunState,
+    *,
+    fresh: bool,
+    limits: Limits,
+    approver: Approver,
+    clock: Callable[[], datetime],
+    workspace: Workspace | None,
+    observer: Callable[[Event], None] | None,
+) -> RunSession:
+    """The engine's session on a run just opened: temp files cleared, the restart counted.
+
+    A new run says it started; an unfinished one counts its restart and checks its
+    workspace before anything else happens.
+    """
+    if workspace is not None:
+        workspace.remove_temp_files()
+    session = RunSession(
+        handle,
+        state,
+        limits=limits,
+        approver=approver,
+        clock=clock,
+        workspace=workspace,
+        observer=observer,
+    )
+    if fresh:
+        faults.point(SavePoint.START.crash_point)
+        session.emit("started", task=state.task)
+    elif state.phase is not Phase.DONE:
+        await session.count_restart()
+        session.check_workspace()
+    return session

@@ -47,8 +47,8 @@ from openai.types.responses import (
 
 from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
-from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
-from ..errors import DurablyError, RunNotFound
+from ..engine import Event, Limits, Outcome, RunSession, shielded
+from ..errors import DurablyError
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
@@ -56,10 +56,8 @@ from ..state import (
     AssistantMessage,
     Effect,
     Phase,
-    RunState,
     ToolCall,
     Usage,
-    UserMessage,
     utcnow,
 )
 from ..stores import Store
@@ -235,36 +233,20 @@ class DurableRunner:
                 "DurableRunner keeps the run's history itself: pass no session= or "
                 "previous_response_id= (each would change what a replayed request holds)"
             )
-        fresh = False
+        handle, state, fresh = await frontend.open_or_create(
+            self.store, run_id, lambda: input, clock=self.clock
+        )
         try:
-            handle, state = await self.store.open(run_id)
-        except RunNotFound:
-            state = RunState(
-                run_id=run_id,
-                task=input,
-                created_at=self.clock(),
-                messages=[UserMessage(text=input)],
-            )
-            handle = await self.store.create(state)  # SavePoint.START
-            fresh = True
-        try:
-            if self.workspace is not None:
-                self.workspace.remove_temp_files()
-            session = RunSession(
+            session = await frontend.opened_session(
                 handle,
                 state,
+                fresh=fresh,
                 limits=self.limits,
                 approver=self.approver,
                 clock=self.clock,
                 workspace=self.workspace,
                 observer=self.observer,
             )
-            if fresh:
-                faults.point(SavePoint.START.crash_point)
-                session.emit("started", task=state.task)
-            elif state.phase is not Phase.DONE:
-                await session.count_restart()
-                session.check_workspace()
             graph = _agents(agent)
             tools = {t.name: self._tool(t) for a in graph for t in a.tools if _is_function(t)}
             now = frontend.fingerprint(_agents_label(agent, graph), tools)

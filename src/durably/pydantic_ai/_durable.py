@@ -41,8 +41,7 @@ from pydantic_core import to_json
 
 from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
-from ..engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
-from ..errors import RunNotFound
+from ..engine import Event, Limits, Outcome, RunSession, shielded
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
@@ -50,11 +49,9 @@ from ..state import (
     AssistantMessage,
     Effect,
     Phase,
-    RunState,
     ToolCall,
     ToolResult,
     Usage,
-    UserMessage,
     utcnow,
 )
 from ..stores import Store
@@ -195,37 +192,20 @@ class Durable(AbstractCapability[Any]):
         """Open (or start) the run under its lock for the whole of ``agent.run``."""
         hold = self._the_hold()
         run_id = validate_run_id(ctx.run_id or "")
-        fresh = False
+        handle, state, fresh = await frontend.open_or_create(
+            self.store, run_id, lambda: _prompt_text(ctx.prompt), clock=self.clock
+        )
         try:
-            handle, state = await self.store.open(run_id)
-        except RunNotFound:
-            task = _prompt_text(ctx.prompt)
-            state = RunState(
-                run_id=run_id,
-                task=task,
-                created_at=self.clock(),
-                messages=[UserMessage(text=task)],
-            )
-            handle = await self.store.create(state)  # SavePoint.START
-            fresh = True
-        try:
-            if self.workspace is not None:
-                self.workspace.remove_temp_files()
-            session = hold.session = RunSession(
+            session = hold.session = await frontend.opened_session(
                 handle,
                 state,
+                fresh=fresh,
                 limits=self.limits,
                 approver=self.approver,
                 clock=self.clock,
                 workspace=self.workspace,
                 observer=self.observer,
             )
-            if fresh:
-                faults.point(SavePoint.START.crash_point)
-                session.emit("started", task=state.task)
-            elif state.phase is not Phase.DONE:
-                await session.count_restart()
-                session.check_workspace()
             result = await handler()
             if state.phase is Phase.DONE:
                 session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
