@@ -183,6 +183,63 @@ class DurableTools:
                 return settled.message
             await self._answer(served, _interrupt(settled.question))
 
+    def effect(
+        self,
+        runtime: Any,
+        function: Callable[[], str],
+        *,
+        name: str,
+        effect: Effect | str,
+        key_ttl: timedelta | None = None,
+        lookup: LookupFunction | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Make a side effect of a custom node exactly once, as a tool call would be.
+
+        ``function`` does the effect and returns its result as text; inside it,
+        :func:`tool_context` gives the key. Its identity is the node's task (stable
+        while LangGraph re-runs the node from the same checkpoint) and ``name``
+        (unique within the node): a re-run node gets the saved result back, and one
+        whose effect is in doubt climbs the ladder (``lookup`` is called with
+        ``arguments``), up to a person through ``interrupt()``.
+        """
+        info = getattr(runtime, "execution_info", None)
+        if info is None or not info.thread_id:
+            raise ValueError(
+                f"effect {name!r}: give it the node's runtime (a `runtime: Runtime` parameter) "
+                "of a graph compiled with a checkpointer and run with a thread_id"
+            )
+        given = dict(arguments or {})
+        call = ToolCall(
+            id=_call_id(str(info.task_id), name), name=name, arguments=json.dumps(given)
+        )
+        kind = Effect(effect)
+        served = _Served(
+            run_id=validate_run_id(thread_key(str(info.thread_id))),
+            call=call,
+            tool=Tool(
+                name=name,
+                description=name,
+                effect=kind,
+                function=_never_called,
+                arguments=NoArguments,
+                schema={},
+                key_ttl=key_ttl if kind is Effect.KEYED else None,
+                lookup=lookup,
+            ),
+            reply=(call,),
+            turn=0,
+            usage=Usage(),
+            tool_call_id=name,
+            arguments=given,
+        )
+
+        async def run() -> ToolMessage:
+            return ToolMessage(content=function(), tool_call_id=name, name=name)
+
+        message = self._drive(served, lambda: self._settle(served, run), _in_own_loop)
+        return _text(message.content)
+
     def finish(self, state: Any, runtime: Any) -> None:
         """Save the thread's last reply as its answer (phase ``done``), once it calls no tool.
 
