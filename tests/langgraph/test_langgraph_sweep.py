@@ -205,7 +205,7 @@ def test_the_langgraph_sweep_matches_the_table_and_sqlite_saver_alone_repeats() 
 
 def _kept(table: str) -> list[tuple[str, ...]]:
     """Each row's configuration, depth, and its duplicate, lost, paid-twice, check, error counts."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for line in table.splitlines():
         tokens = line.split()
         if len(tokens) < 11 or not all(t.isdigit() for t in tokens[-10:]):
