@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from ..checkpoint.delta import Changes, apply, decode_record
+from ..checkpoint.envelope import Sealer, open_sealed, seal
 from ..errors import (
     CheckpointCorrupt,
     LeaseLost,
@@ -54,8 +56,6 @@ from ..errors import (
 )
 from ..keys import validate_run_id
 from ..state import RunState, check_ranges, utcnow
-from ..stores._delta import Changes, apply, decode_record
-from ..stores._envelope import Sealer, open_sealed, seal
 from .schema import MIGRATIONS, migrate
 
 if TYPE_CHECKING:
