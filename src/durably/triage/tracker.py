@@ -9,7 +9,10 @@ crash did:
   nothing; the same key with different arguments is refused with
   :class:`KeyConflict`; a key older than the tracker's ``key_ttl`` no longer
   matches and counts as no key. A tracker built with ``honour_keys=False``
-  records the key it was sent but does not deduplicate by it.
+  records the key it was sent but does not deduplicate by it. The keys are the
+  receiver code durably ships (:class:`durably.receivers.KeyTable`), kept in the
+  tracker's own database: the claim, the write and the key's result commit in
+  one transaction, so the sweep's duplicate count is a count of that code.
 - **The refile guard**, a business rule of the tracker itself: a second filing
   for a cause that already has an issue is refused with :class:`AlreadyFiled`,
   naming the existing issue, whether or not keys are honoured. A tracker built
@@ -46,6 +49,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from ..errors import FieldsPickle
+from ..receivers import Claimed, KeyRecord, KeyTable, Mismatch, Replay, StoredOutcome
 
 __all__ = [
     "DEFAULT_KEY_TTL",
@@ -77,7 +81,8 @@ Outcome = Literal[
     "created", "replayed", "key_conflict", "already_filed", "issue_not_found", "invalid"
 ]
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
+"""2: the keys in durably.receivers' table (1 had a table of its own, ``idempotency_keys``)."""
 _BUSY_TIMEOUT_MS = 30_000
 _MAX_KEY_LENGTH = 255
 _SLUG = re.compile(r"[^a-z0-9]+")
@@ -95,12 +100,6 @@ _SCHEMA = (
         issue INTEGER NOT NULL REFERENCES issues(number),
         body TEXT NOT NULL,
         key TEXT,
-        created TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS idempotency_keys (
-        key TEXT PRIMARY KEY,
-        operation TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        response TEXT NOT NULL,
         created TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS effects (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -334,6 +333,7 @@ class Tracker:
             with self._transaction(connection):
                 for statement in _SCHEMA:
                     connection.execute(statement)
+                KeyTable(connection).create()
                 connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     def __repr__(self) -> str:
@@ -461,12 +461,11 @@ class Tracker:
             None when the tracker holds no record of the key.
         """
         with self._reading() as connection:
-            row = connection.execute(
-                "SELECT response FROM idempotency_keys WHERE key = ?", (key,)
-            ).fetchone()
-        if row is None:
+            # A search of the records, not a deduplication: read with no TTL.
+            record = KeyTable(connection, ttl=timedelta.max, clock=self._now).record(key)
+        if not isinstance(record.result, StoredOutcome):
             return None
-        answer: dict[str, Any] = json.loads(row[0])
+        answer: dict[str, Any] = record.result.value
         return answer
 
     def search(self, query: str) -> list[IssueSummary]:
@@ -553,14 +552,8 @@ class Tracker:
         Returns:
             How many records were dropped.
         """
-        now = self._now()
         with closing(self._connect()) as connection, self._transaction(connection):
-            rows = connection.execute("SELECT key, created FROM idempotency_keys").fetchall()
-            # Compared as datetimes, by the same rule as deduplication (_expired),
-            # not as strings: isoformat() drops a zero microsecond part.
-            expired = [(key,) for key, created in rows if self._expired(created, now)]
-            connection.executemany("DELETE FROM idempotency_keys WHERE key = ?", expired)
-        return len(expired)
+            return self._keys(connection).forget_expired()
 
     # -- machinery --------------------------------------------------------------
 
@@ -622,88 +615,65 @@ class Tracker:
         answer_type: type[_Answer],
         act: Callable[[sqlite3.Connection, str, _Log], _Answer],
     ) -> _Answer:
-        """Run one write in one transaction: the key check, then ``act``, then the key's record.
+        """Run one write in one transaction: the key's claim, then ``act``, then the key's result.
 
         A replay or a key conflict never reaches ``act``. The request is logged in
         the same transaction whatever the outcome; a refusal (a :class:`TrackerError`
-        raised by ``act`` after logging it) is committed, then raised.
+        raised by ``act``) gives the key back (its claim is rolled back to a savepoint)
+        and is committed, then raised.
         """
         if key is not None and not 0 < len(key) <= _MAX_KEY_LENGTH:
             raise InvalidRequest(f"an idempotency key has 1 to {_MAX_KEY_LENGTH} characters")
-        fingerprint = _fingerprint(operation, arguments)
-        current = self._now()
-        now = current.isoformat()
+        now = self._now().isoformat()
         answer: _Answer | None = None
         refusal: TrackerError | None = None
-        with closing(self._connect()) as connection, self._transaction(connection):
+        logged: list[tuple[Outcome, int | None]] = []
 
-            def log(outcome: Outcome, target: int | None) -> None:
+        def log(outcome: Outcome, target: int | None) -> None:
+            logged.append((outcome, target))
+
+        with closing(self._connect()) as connection, self._transaction(connection):
+            keys = self._keys(connection) if self.honour_keys and key is not None else None
+            claim = None
+            if keys is not None and key is not None:
+                connection.execute("SAVEPOINT claim")
+                claim = keys.claim(key, _fingerprint(operation, arguments))
+            if isinstance(claim, Mismatch) and keys is not None:
+                log("key_conflict", None)
+                refusal = KeyConflict(key=str(key), operation=_operation(keys.record(str(key))))
+            elif isinstance(claim, Replay) and isinstance(claim.result, StoredOutcome):
+                fields = {name: v for name, v in claim.result.value.items() if name != "kind"}
+                answer = msgspec.convert({**fields, "replayed": True}, answer_type)
+                log("replayed", _target(answer))
+            elif claim is None or isinstance(claim, Claimed):
+                try:
+                    answer = act(connection, now, log)
+                except TrackerError as exc:
+                    refusal = exc
+                    if claim is not None:
+                        connection.execute("ROLLBACK TO claim")  # the key stays unclaimed
+                else:
+                    if keys is not None and claim is not None:
+                        keys.finish(claim, StoredOutcome(value=_response(answer)))
+            else:  # pragma: no cover - a claim and its finish share one transaction
+                raise TrackerError(f"internal error: key {key!r} holds an unfinished write")
+            if claim is not None:
+                connection.execute("RELEASE claim")
+            for outcome, target in logged:
                 connection.execute(
                     "INSERT INTO requests (operation, key, outcome, target, time) "
                     "VALUES (?, ?, ?, ?, ?)",
                     (operation, key, outcome, target, now),
                 )
-
-            stored = self._remembered(connection, key, current) if self.honour_keys else None
-            if stored is not None:
-                stored_operation, stored_fingerprint, response = stored
-                if stored_fingerprint != fingerprint or stored_operation != operation:
-                    log("key_conflict", None)
-                    refusal = KeyConflict(key=str(key), operation=stored_operation)
-                else:
-                    fields = {name: value for name, value in response.items() if name != "kind"}
-                    answer = msgspec.convert({**fields, "replayed": True}, answer_type)
-                    log("replayed", _target(answer))
-            else:
-                try:
-                    answer = act(connection, now, log)
-                except TrackerError as exc:
-                    refusal = exc
-                else:
-                    if self.honour_keys and key is not None:
-                        self._remember(connection, key, operation, fingerprint, answer, now)
         if refusal is not None:
             raise refusal
         if answer is None:  # pragma: no cover - every branch above sets one of the two
             raise TrackerError("internal error: a write produced no answer")
         return answer
 
-    def _remembered(
-        self, connection: sqlite3.Connection, key: str | None, now: datetime
-    ) -> tuple[str, str, dict[str, Any]] | None:
-        """The record of a key that still deduplicates: (operation, fingerprint, response)."""
-        if key is None:
-            return None
-        row = connection.execute(
-            "SELECT operation, fingerprint, response, created FROM idempotency_keys WHERE key = ?",
-            (key,),
-        ).fetchone()
-        if row is None or self._expired(row[3], now):
-            return None
-        response: dict[str, Any] = json.loads(row[2])
-        return row[0], row[1], response
-
-    def _expired(self, created: str, now: datetime) -> bool:
-        """Whether a key recorded at ``created`` is older than the TTL: it counts as no key."""
-        return now - datetime.fromisoformat(created) > self.key_ttl
-
-    def _remember(
-        self,
-        connection: sqlite3.Connection,
-        key: str,
-        operation: Operation,
-        fingerprint: str,
-        result: FiledIssue | Comment,
-        now: str,
-    ) -> None:
-        kind = "issue" if isinstance(result, FiledIssue) else "comment"
-        response = {"kind": kind, **msgspec.to_builtins(result)}
-        # REPLACE: an expired record of the same key gives way to the new request.
-        connection.execute(
-            "INSERT OR REPLACE INTO idempotency_keys "
-            "(key, operation, fingerprint, response, created) VALUES (?, ?, ?, ?, ?)",
-            (key, operation, fingerprint, json.dumps(response), now),
-        )
+    def _keys(self, connection: sqlite3.Connection) -> KeyTable:
+        """The tracker's idempotency keys: durably's receiver table, in the tracker's database."""
+        return KeyTable(connection, ttl=self.key_ttl, clock=self._now)
 
 
 _Answer = TypeVar("_Answer", FiledIssue, Comment)
@@ -715,6 +685,19 @@ def _fingerprint(operation: str, arguments: dict[str, Any]) -> str:
     """What "the same arguments" means: SHA-256 of the operation and arguments as canonical JSON."""
     canonical = json.dumps([operation, arguments], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _response(answer: FiledIssue | Comment) -> dict[str, Any]:
+    """The answer a key keeps: its fields and ``kind``, as :meth:`Tracker.lookup` gives it."""
+    kind = "issue" if isinstance(answer, FiledIssue) else "comment"
+    return {"kind": kind, **msgspec.to_builtins(answer)}
+
+
+def _operation(record: KeyRecord) -> str:
+    """The operation a key was first used for, named in a :class:`KeyConflict`."""
+    result = record.result
+    kind = result.value.get("kind") if isinstance(result, StoredOutcome) else None
+    return "file_issue" if kind == "issue" else "comment"
 
 
 def _target(answer: FiledIssue | Comment) -> int:
