@@ -55,6 +55,7 @@ __all__ = [
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
+    "KeyTable",
     "Mismatch",
     "Replay",
     "Stored",
@@ -257,8 +258,7 @@ class IdempotencyStore:
                 db.execute("DROP TABLE durably_idempotency")
                 db.execute("ALTER TABLE durably_idempotency_v2 RENAME TO durably_idempotency")
                 log.info("%s: idempotency keys moved from format %d to %d", self.path, 1, FORMAT)
-            db.execute(_TABLE.format(name="durably_idempotency"))
-            db.execute(_INDEX)
+            KeyTable(db).create()
             db.execute(f"PRAGMA user_version = {FORMAT}")
             db.execute("COMMIT")
         except BaseException:
@@ -306,41 +306,14 @@ class IdempotencyStore:
         with self._lock:
             return function(*args)
 
+    def _keys(self) -> KeyTable:
+        return KeyTable(self._db, ttl=self.ttl, clock=self.clock)
+
     def _claim(self, key: str, fingerprint: str, principal: str = "") -> Claim:
-        now = self.clock().timestamp()
-        cutoff = now - self.ttl.total_seconds()
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            row = db.execute(
-                "SELECT fingerprint, state, started_at, result FROM durably_idempotency"
-                " WHERE principal = ? AND key = ?",
-                (principal, key),
-            ).fetchone()
-            outcome: Claim
-            if row is not None and _live(row[1], row[2], row[3], cutoff):
-                stored_fingerprint, state, _, result = row
-                if stored_fingerprint != fingerprint:
-                    outcome = Mismatch()
-                elif state == "running":
-                    outcome = Busy()
-                else:
-                    outcome = Replay(_DECODER.decode(result))
-            else:
-                token = secrets.token_hex(16)
-                db.execute(
-                    "INSERT OR REPLACE INTO durably_idempotency"
-                    " (principal, key, fingerprint, token, state, started_at, finished_at,"
-                    " result) VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL)",
-                    (principal, key, fingerprint, token, now),
-                )
-                # Expired results are dead weight; their rows stay as tombstones.
-                db.execute(
-                    "UPDATE durably_idempotency SET result = NULL"
-                    " WHERE result IS NOT NULL AND started_at <= ?",
-                    (cutoff,),
-                )
-                outcome = Claimed(key, token, principal)
+            outcome = self._keys().claim(key, fingerprint, principal=principal)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -348,15 +321,100 @@ class IdempotencyStore:
         return outcome
 
     def _finish(self, claim: Claimed, result: bytes) -> bool:
-        cursor = self._db.execute(
+        return self._keys().finish_encoded(claim, result)
+
+    def _record(self, key: str, principal: str = "") -> KeyRecord:
+        return self._keys().record(key, principal=principal)
+
+
+class KeyTable:
+    """The idempotency keys as a table in a SQLite database of the caller's own.
+
+    :class:`IdempotencyStore` is this table in a file of its own. A service that
+    keeps its records in SQLite can keep its keys beside them instead: each
+    method runs its statements on the caller's connection and begins or commits
+    nothing, so the caller claims the key, does the work and finishes the key in
+    *one* transaction (``BEGIN IMMEDIATE``). A crash then leaves all three or
+    none: never a key claimed with no result (which answers :class:`Busy` until
+    the TTL ends) and never an effect whose key was not recorded. The demo's
+    issue tracker (``durably.triage.tracker``) keeps its keys this way.
+
+    Args:
+        db: the connection; the table is ``durably_idempotency`` (see :meth:`create`).
+        ttl: how long a key is remembered, as for :class:`IdempotencyStore`.
+        clock: the time source for key ages.
+    """
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        *,
+        ttl: timedelta = timedelta(hours=24),
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if ttl <= timedelta(0):
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        self.db = db
+        self.ttl = ttl
+        self.clock = clock
+
+    def create(self) -> None:
+        """Create the table and its index if the database has none (its version is the caller's)."""
+        self.db.execute(_TABLE.format(name="durably_idempotency"))
+        self.db.execute(_INDEX)
+
+    def claim(self, key: str, fingerprint: str, *, principal: str = "") -> Claim:
+        """Take the key for a new request, or say why not (see :meth:`IdempotencyStore.claim`).
+
+        Call it inside a transaction that also ends with :meth:`finish` or a rollback:
+        a claim committed without its result is :class:`Busy` to every request until the TTL.
+        """
+        now = self.clock().timestamp()
+        cutoff = now - self.ttl.total_seconds()
+        db = self.db
+        row = db.execute(
+            "SELECT fingerprint, state, started_at, result FROM durably_idempotency"
+            " WHERE principal = ? AND key = ?",
+            (principal, key),
+        ).fetchone()
+        if row is not None and _live(row[1], row[2], row[3], cutoff):
+            stored_fingerprint, state, _, result = row
+            if stored_fingerprint != fingerprint:
+                return Mismatch()
+            if state == "running":
+                return Busy()
+            return Replay(_DECODER.decode(result))
+        token = secrets.token_hex(16)
+        db.execute(
+            "INSERT OR REPLACE INTO durably_idempotency"
+            " (principal, key, fingerprint, token, state, started_at, finished_at,"
+            " result) VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL)",
+            (principal, key, fingerprint, token, now),
+        )
+        # Expired results are dead weight; their rows stay as tombstones.
+        db.execute(
+            "UPDATE durably_idempotency SET result = NULL"
+            " WHERE result IS NOT NULL AND started_at <= ?",
+            (cutoff,),
+        )
+        return Claimed(key, token, principal)
+
+    def finish(self, claim: Claimed, result: Stored) -> bool:
+        """Store a claimed request's result; False if the claim expired and was taken over."""
+        return self.finish_encoded(claim, _ENCODER.encode(result))
+
+    def finish_encoded(self, claim: Claimed, result: bytes) -> bool:
+        """:meth:`finish` with the result already encoded (msgspec JSON of a ``Stored``)."""
+        cursor = self.db.execute(
             "UPDATE durably_idempotency SET state = 'done', finished_at = ?, result = ?"
             " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
             (self.clock().timestamp(), result, claim.principal, claim.key, claim.token),
         )
         return cursor.rowcount == 1
 
-    def _record(self, key: str, principal: str = "") -> KeyRecord:
-        row = self._db.execute(
+    def record(self, key: str, *, principal: str = "") -> KeyRecord:
+        """What the table knows about ``key``: done, in flight, expired or unknown."""
+        row = self.db.execute(
             "SELECT state, started_at, finished_at, result FROM durably_idempotency"
             " WHERE principal = ? AND key = ?",
             (principal, key),
@@ -379,6 +437,17 @@ class IdempotencyStore:
             finished_at=finished_at,
             result=_DECODER.decode(result),
         )
+
+    def forget_expired(self) -> int:
+        """Delete every key older than the TTL, its tombstone too; return how many.
+
+        A forgotten key looks never seen: a lookup answers "unknown", which lets an
+        agent run an in-doubt call again. Only for a service that must bound its
+        table and accepts that; :class:`IdempotencyStore` never forgets a key.
+        """
+        cutoff = self.clock().timestamp() - self.ttl.total_seconds()
+        cursor = self.db.execute("DELETE FROM durably_idempotency WHERE started_at <= ?", (cutoff,))
+        return cursor.rowcount
 
 
 _BUSY_TIMEOUT: Final = 30.0
