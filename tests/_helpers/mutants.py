@@ -207,12 +207,12 @@ def _saved_reply_dropped() -> list[tuple[Any, str, Any]]:
 
 
 def _damaged_record_as_torn_tail() -> list[tuple[Any, str, Any]]:
-    from durably.stores import journal
+    from durably.stores import framedlog
 
     def damage_after(data: bytes, offset: int) -> str | None:
         return None  # nothing valid after a bad record: every bad record is a torn tail
 
-    return [(journal, "_damage_after", damage_after)]
+    return [(framedlog, "damage_after", damage_after)]
 
 
 def _check_reads_wrong_run() -> list[tuple[Any, str, Any]]:
