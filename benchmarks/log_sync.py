@@ -17,8 +17,9 @@ Then the two append paths the stores had, each through the one append of
 the same log file kind, interleaved in each round, with records of the
 journal's size and of the LangGraph saver's:
 
-- ``write + fdatasync``: the journal store's (no reservation, no ``O_DSYNC``);
-- ``O_DSYNC, reserved``: the thread log's (space reserved ahead, ``O_DSYNC`` writes).
+- ``write + fdatasync``: the journal store's until issue 33 (no reservation, no ``O_DSYNC``);
+- ``O_DSYNC, reserved``: the thread log's (space reserved ahead, ``O_DSYNC`` writes),
+  which both stores use since (``docs/design.md``, "One append path").
 
 Run: ``.venv/bin/python benchmarks/log_sync.py [--rounds 5] [--writes 200] [--dir DIR]``.
 """
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 from durably._sysio import FileSystem, filesystem_type
-from durably.stores.framedlog import DSYNC, FramedLog, frame
+from durably.stores.framedlog import FramedLog, frame
 from durably.stores.rundir import Claim, RunDirectory
 
 WAYS = ("append", "reserved", "zero-filled")
@@ -81,12 +82,10 @@ def framed(directory: Path, *, dsync: bool, writes: int, size: int) -> list[floa
         raise RuntimeError(f"{directory}/bench.lock is held by another process")
     claim = Claim(run_directory, "bench", lock_fd)
     log = FramedLog(claim, "bench.1.log")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | (DSYNC if dsync else 0)
-    log.attach(
-        os.open(log.name, flags, 0o600, dir_fd=run_directory.fd()),
-        dsync=dsync and bool(DSYNC),
-        reserving=dsync,
-    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | (log.flags() if dsync else 0)
+    log.attach(os.open(log.name, flags, 0o600, dir_fd=run_directory.fd()))
+    if not dsync:  # the journal's append before issue 33: no O_DSYNC, nothing reserved
+        log.dsync = log.reserving = False
     record = frame(b"\1" * size)
     seconds = []
     try:

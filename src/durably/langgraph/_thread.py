@@ -78,7 +78,7 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem, filesystem_type
+from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt, Locked, SaveFailed
 from ..stores import framedlog
 from ..stores.framedlog import FramedLog, cut_tail, log_name, payloads
@@ -96,8 +96,6 @@ version 1 (one log, a header without a checksum) are still read, and written as 
 _SPLIT_FORMAT = 3
 """The first format with a writes log."""
 _WRITES_SUFFIX = ".wlog"
-_RESERVING_FS = frozenset({"ext4", "xfs"})
-"""File systems where writing into reserved space spares the sync a journal commit."""
 
 log = logging.getLogger("durably.store")
 
@@ -398,7 +396,6 @@ class ThreadStore:
         self.run_directory = RunDirectory(
             directory, sync=sync, fs=fs or FileSystem(), allow_network_fs=allow_network_fs
         )
-        self._reserves: bool | None = None
 
     @property
     def directory(self) -> Path:
@@ -418,12 +415,6 @@ class ThreadStore:
     def close_sync(self) -> None:
         """Close the directory's descriptor (handles keep their own)."""
         self.run_directory.close()
-
-    def reserves_space(self) -> bool:
-        """True when logs here get space reserved ahead of their end (see the module doc)."""
-        if self._reserves is None:
-            self._reserves = filesystem_type(self.directory) in _RESERVING_FS
-        return self._reserves
 
     def claim_sync(self, thread_id: str) -> ThreadLog:
         """Take the thread's lock (``ThreadLocked`` at once if held elsewhere) and load it."""
@@ -669,8 +660,7 @@ class ThreadLog:
         """
         claim, store = self.claim, self._threads
         fs, dir_fd, name = store.fs, claim.directory.fd(), log_file.name
-        dsync = framedlog.DSYNC if store.sync else 0
-        flags = os.O_WRONLY | _NOFOLLOW | dsync
+        flags = os.O_WRONLY | _NOFOLLOW | log_file.flags()
         if new_log:
             flags |= os.O_CREAT | os.O_EXCL
         try:
@@ -683,12 +673,7 @@ class ThreadLog:
             fs.unlink(name, dir_fd=dir_fd)
             fd = claim.step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         # The claim cut any tail after the last whole record: the end is where to write.
-        log_file.attach(
-            fd,
-            dsync=bool(dsync),
-            reserving=store.sync and store.reserves_space(),
-            name_unsynced=name_unsynced,
-        )
+        log_file.attach(fd, name_unsynced=name_unsynced)
 
     def _close_logs(self) -> None:
         self._main.close()

@@ -157,18 +157,25 @@ class FramedLog:
         self.name_unsynced = False
         """The log was just created: its first append also syncs the directory."""
 
-    def attach(self, fd: int, *, dsync: bool, reserving: bool, name_unsynced: bool = False) -> None:
-        """Append through ``fd``, opened by the owner (``dsync``: with ``O_DSYNC``).
+    def flags(self) -> int:
+        """What the owner adds to the flags it opens the log with: ``O_DSYNC`` when syncing."""
+        return DSYNC if self.claim.directory.sync else 0
 
-        The owner cut any tail after the last whole record: the end is where to write.
-        ``reserving``: reserve space ahead of the end as it runs out. ``name_unsynced``:
-        the owner has just created the log, and its first append syncs the directory.
+    def attach(self, fd: int, *, name_unsynced: bool = False) -> None:
+        """Append through ``fd``, opened by the owner with :meth:`flags`.
+
+        The owner cut any tail after the last whole record: the end is where to
+        write. When syncing, space is reserved ahead of the end as it runs out
+        (on file systems where that spares the sync a journal commit).
+        ``name_unsynced``: the owner has just created the log, and its first
+        append syncs the directory.
         """
+        directory = self.claim.directory
         self.fd = fd
-        self.dsync = dsync
+        self.dsync = bool(self.flags())
         self.name_unsynced = name_unsynced
-        self.reserved = self.claim.directory.fs.seek_end(fd)
-        self.reserving = reserving
+        self.reserved = directory.fs.seek_end(fd)
+        self.reserving = directory.sync and directory.reserves_space()
 
     def append(self, record: bytes, *, translate: bool = True) -> None:
         """Make a framed ``record`` durable at the end of the log: reserve, write, flush.

@@ -8,7 +8,11 @@ Per run, in the state directory (0700)::
     <run>.lock         flock'ed by the owner; never deleted; holds the watermark
 
 A save that only appended messages and changed a few fields appends one record
-holding just that change: one ``write`` and one ``fdatasync``. A record is
+holding just that change, by the framed log's one append
+(:class:`~durably.stores.framedlog.FramedLog`): on Linux one ``write`` on a log
+opened with ``O_DSYNC`` into space reserved ahead (the reserve is given back at
+close, and a new owner cuts reserved zeros as it cuts a torn tail); elsewhere a
+``write`` and a flush. A record is
 
     magic (4 bytes) | length (4, little-endian) | CRC-32 of length and payload (4) | payload
 
@@ -345,7 +349,8 @@ class JournalRun(FileRun):
         self._changes.remember(state)
 
     def close_sync(self) -> None:
-        """Release the lock and the log descriptor."""
+        """Give back the log's unused reserved space; release the log descriptor and the lock."""
+        self._log.give_back()
         self._log.close()
         super().close_sync()
 
@@ -374,9 +379,9 @@ class JournalRun(FileRun):
         if log.fd is None:
             # Compaction made this log with its header; it is never created here.
             fs, dir_fd = self._journal.fs, self.claim.directory.fd()
-            flags = os.O_WRONLY | _NOFOLLOW | os.O_NONBLOCK
+            flags = os.O_WRONLY | _NOFOLLOW | os.O_NONBLOCK | log.flags()
             fd = self.claim.step(lambda: fs.open(log.name, flags, 0, dir_fd=dir_fd), log.name)
-            log.attach(fd, dsync=False, reserving=False)
+            log.attach(fd)
         log.append(record)
         self._mark(self._generation, self._seq + 1)
 
@@ -402,13 +407,15 @@ class JournalRun(FileRun):
                 "could not write the watermark of run %s: %s", self._run_id, exc
             )
 
-    def _new_log(self, generation: int) -> int:
+    def _new_log(self, generation: int) -> FramedLog:
         """Create generation ``generation``'s log holding its synced header record."""
         claim, fs = self.claim, self._journal.fs
         directory = claim.directory
-        name = log_name(self._run_id, generation)
+        header = frame(encode_record(Record(seq=0, run=self._run_id, gen=generation)))
+        log = FramedLog(claim, log_name(self._run_id, generation), size=len(header))
+        name = log.name
         dir_fd = directory.fd()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK | log.flags()
         try:
             fd = fs.open(name, flags, 0o600, dir_fd=dir_fd)
         except FileExistsError:
@@ -419,10 +426,10 @@ class JournalRun(FileRun):
         except OSError as exc:
             raise directory.translate(exc, name, self._run_id) from exc
         try:
-            header = encode_record(Record(seq=0, run=self._run_id, gen=generation))
-            claim.step(lambda: fs.write(fd, frame(header)), name)
+            claim.step(lambda: fs.write(fd, header), name)
             if directory.sync:
-                claim.step(lambda: fs.datasync(fd), name)
+                if not log.flags():  # else the write was its own flush (O_DSYNC)
+                    claim.step(lambda: fs.datasync(fd), name)
                 # The log's name must be durable before the snapshot naming it is
                 # renamed in: directory operations on two names may persist out of order.
                 claim.step(lambda: fs.fsync(dir_fd), str(directory.directory), fatal=True)
@@ -431,23 +438,22 @@ class JournalRun(FileRun):
             with suppress(OSError):
                 fs.unlink(name, dir_fd=dir_fd)
             raise
-        return fd
+        log.attach(fd)
+        return log
 
     def _compact(self, state: RunState) -> None:
         fs = self._journal.fs
         old = self._generation
         generation = old + 1
         data = self._sealer.seal(state, journal=generation, version=_KEYED_VERSION)
-        log_fd = self._new_log(generation)
+        log = self._new_log(generation)
         try:
             self._write_snapshot(data)  # crash-atomic; its directory sync keeps the new log too
         except BaseException:
-            fs.close(log_fd)
+            log.close()
             raise
         self._log.close()
-        header_size = len(frame(encode_record(Record(seq=0, run=self._run_id, gen=generation))))
-        self._log = FramedLog(self.claim, log_name(self._run_id, generation), size=header_size)
-        self._log.attach(log_fd, dsync=False, reserving=False)
+        self._log = log
         if old:
             # Only now, after the new snapshot's directory sync: removing the old log
             # earlier could lose acknowledged saves if the rename were undone.

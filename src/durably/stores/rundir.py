@@ -46,6 +46,8 @@ STATE_SUFFIX = ".json"
 """A run's (or a thread's) snapshot or header file: ``<stem>.json``."""
 LOCK_SUFFIX = ".lock"
 """A run's lock file, ``<stem>.lock``: flock'ed by its owner, never deleted."""
+_RESERVING_FS = frozenset({"ext4", "xfs"})
+"""File systems where writing into reserved space spares the sync a journal commit."""
 
 
 class RunDirectory:
@@ -76,11 +78,18 @@ class RunDirectory:
         self.allow_network_fs = allow_network_fs
         self._make = make or self.make
         self._fd: int | None = None
+        self._reserves: bool | None = None
 
     @property
     def is_open(self) -> bool:
         """True while the directory's descriptor is open."""
         return self._fd is not None
+
+    def reserves_space(self) -> bool:
+        """True when logs here get space reserved ahead of their end (ext4 and xfs)."""
+        if self._reserves is None:
+            self._reserves = filesystem_type(self.directory) in _RESERVING_FS
+        return self._reserves
 
     def path(self, name: str) -> str:
         """The path of ``name`` in the directory, for messages."""
