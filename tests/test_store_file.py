@@ -29,8 +29,7 @@ from durably._sysio import FileSystem
 from durably.checkpoint.envelope import seal
 from durably.keys import RUN_ID_PATTERN
 from durably.state import FORMAT, RunState
-from durably.stores import RunHandle, Store
-from durably.stores import file as file_store
+from durably.stores import RunHandle, Store, rundir
 from durably.stores.file import FileStore
 
 TEMP = re.compile(r"\.r1\.[0-9a-f]{16}\.tmp")
@@ -324,7 +323,7 @@ def test_describe_names_the_state_file(store: FileStore, state_dir: Path) -> Non
 
 def test_a_network_file_system_is_refused(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A state directory on NFS is UnsafePath unless explicitly allowed."""
-    monkeypatch.setattr(file_store, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr(rundir, "filesystem_type", lambda path: "nfs4")
     with pytest.raises(durably.UnsafePath, match="nfs4"):
         FileStore(state_dir).create_sync(state_a("r1"))
     allowed = FileStore(state_dir, allow_network_fs=True)

@@ -12,7 +12,7 @@ import pytest
 import durably
 from durably.checkpoint.envelope import open_sealed
 from durably.state import RunState, ToolResult, encode_state
-from durably.stores import journal
+from durably.stores import framedlog, journal
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 
@@ -89,7 +89,7 @@ def test_a_version_2_log_holding_keyed_changes_is_corrupt(tmp_path: Path) -> Non
     last_seq = journal._read_watermark((runs / "jour-1.lock").read_bytes())  # noqa: SLF001 -- the test crafts the journal's own records
     assert last_seq is not None
     payload = b'{"seq":%d,"put":{"workspace":{"x":"%s"}}}' % (last_seq[1] + 1, b"e" * 64)
-    log.write_bytes(data + journal._frame(payload))  # noqa: SLF001 -- the test crafts the journal's own records
+    log.write_bytes(data + framedlog.frame(payload))
     with pytest.raises(durably.CheckpointCorrupt, match="by key"):
         JournalStore(runs).read_sync("jour-1")
 
@@ -113,7 +113,7 @@ def test_a_keyed_change_that_does_not_fit_the_state_is_corrupt(
     handle.save_sync(state)  # now version 3, generation 2
     handle.close_sync()
     log = runs / "jour-1.2.log"
-    log.write_bytes(log.read_bytes() + journal._frame(b'{"seq":1,%s}' % change))  # noqa: SLF001 -- the test crafts the journal's own records
+    log.write_bytes(log.read_bytes() + framedlog.frame(b'{"seq":1,%s}' % change))
     with pytest.raises(durably.CheckpointCorrupt, match=reason):
         store.read_sync("jour-1")
 
@@ -128,7 +128,7 @@ def test_a_version_1_snapshot_naming_a_log_loads_and_is_rewritten_as_version_3(
     old = b'{"durably":1,"crc32":%d,"journal":1,"state":%s}' % (zlib.crc32(body), body)
     (runs / "jour-1.json").write_bytes(old)
     log = runs / "jour-1.1.log"
-    framed = journal._unframe(log.read_bytes(), 0)  # noqa: SLF001 -- the test crafts the journal's own records
+    framed = framedlog.unframe(log.read_bytes(), 0)
     assert framed is not None
     log.write_bytes(log.read_bytes()[framed[1] :])  # version 1 logs had no header record
     (runs / "jour-1.lock").write_bytes(b"")  # nor a watermark

@@ -15,7 +15,7 @@ import pytest
 import durably
 from durably.checkpoint.envelope import seal
 from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, UserMessage, utcnow
-from durably.stores import journal
+from durably.stores import framedlog
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 
@@ -114,10 +114,10 @@ def test_the_scan_of_trailing_garbage_is_bounded(tmp_path: Path) -> None:
     store, runs = journal_run(tmp_path)
     (runs / "r1.lock").write_bytes(b"")  # no watermark: only the scan can tell
     log = runs / "r1.1.log"
-    header = journal._HEADER.pack(journal._MAGIC, 1 << 30, 0)  # noqa: SLF001 -- a journal record header claiming 1 GiB
+    header = framedlog.HEADER.pack(framedlog.MAGIC, 1 << 30, 0)
     log.write_bytes(log.read_bytes() + header * 100_000)
     calls = 0
-    real = journal._unframe  # noqa: SLF001 -- the test is about the journal's record framing
+    real = framedlog.unframe
 
     def counting(data: bytes, offset: int) -> tuple[bytes, int] | None:
         nonlocal calls
@@ -125,11 +125,11 @@ def test_the_scan_of_trailing_garbage_is_bounded(tmp_path: Path) -> None:
         return real(data, offset)
 
     with (
-        mock.patch.object(journal, "_unframe", counting),
+        mock.patch.object(framedlog, "unframe", counting),
         pytest.raises(durably.CheckpointCorrupt, match="not one unfinished append"),
     ):
         store.read_sync("r1")
-    assert calls <= journal._SCAN_CANDIDATES + 10  # noqa: SLF001 -- the test is about the journal's record framing
+    assert calls <= framedlog.SCAN_CANDIDATES + 10
 
 
 # -- 3: foreign or group/other-writable files and directories ---------------------------
@@ -189,7 +189,7 @@ def test_deeply_nested_json_is_corrupt_not_a_recursion_error(tmp_path: Path) -> 
     log = runs / "r1.1.log"
     good_log = log.read_bytes()
     payload = b'{"seq":4,"set":{"summary":' + nested(100_000) + b"}}"
-    log.write_bytes(good_log + journal._frame(payload))  # noqa: SLF001 -- the test is about the journal's record framing
+    log.write_bytes(good_log + framedlog.frame(payload))
     with pytest.raises(durably.CheckpointCorrupt, match="nested too deeply"):
         store.read_sync("r1")
     log.write_bytes(good_log)
@@ -250,7 +250,7 @@ def test_checksum_valid_negative_counts_are_corrupt(tmp_path: Path, field: str) 
     value = msgspec.json.encode(getattr(state, top))
     payload = b'{"seq":4,"set":{"%s":%s}}' % (top.encode(), value)
     with (jruns / "r1.1.log").open("ab") as log:
-        log.write(journal._frame(payload))  # noqa: SLF001 -- the test is about the journal's record framing
+        log.write(framedlog.frame(payload))
     with pytest.raises(durably.CheckpointCorrupt, match=r"below zero|not a sum spent"):
         store.read_sync("r1")
 

@@ -20,7 +20,7 @@ import durably
 from _helpers.mutants import no_datasync
 from durably import faults
 from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, UserMessage, utcnow
-from durably.stores import journal
+from durably.stores import framedlog
 from durably.stores.journal import JournalRun, JournalStore
 from durably.sweep.powerloss import check_protocol
 
@@ -57,7 +57,8 @@ def test_a_save_appends_only_the_change(tmp_path: Path) -> None:
     for n in range(1, 6):
         grow(state, n)
         handle.save_sync(state)
-        sizes.append((tmp_path / "runs" / "r1.1.log").stat().st_size)
+        data = (tmp_path / "runs" / "r1.1.log").read_bytes()  # reserved space past the end
+        sizes.append(max(end for _, _, end in framedlog.payloads(data, path="r1.1.log")))
     handle.close_sync()
     assert (tmp_path / "runs" / "r1.json").read_bytes() == snapshot
     steps = [b - a for a, b in zip([0, *sizes], sizes, strict=False)]
@@ -104,7 +105,7 @@ def msgspec_copy(state: RunState) -> RunState:
 
 def header_size(data: bytes) -> int:
     """The size of the log's header record (``seq 0``)."""
-    framed = journal._unframe(data, 0)  # noqa: SLF001 -- the test is about the journal's record framing
+    framed = framedlog.unframe(data, 0)
     assert framed is not None
     return framed[1]
 
@@ -153,7 +154,7 @@ def test_a_damaged_record_with_records_after_it_is_corrupt(tmp_path: Path) -> No
     store, _, log = log_with_records(tmp_path, 3)
     data = bytearray(log.read_bytes())
     ends = [0]  # where each record ends: the log's header record, then the saves
-    while (framed := journal._unframe(bytes(data), ends[-1])) is not None:  # noqa: SLF001 -- the test is about the journal's record framing
+    while (framed := framedlog.unframe(bytes(data), ends[-1])) is not None:
         ends.append(framed[1])
     assert len(ends) >= 4, "a header and at least two saves"
     data[ends[1] + 20] ^= 0xFF  # inside the first save's record, with saves after it
@@ -199,13 +200,13 @@ def checksum_unchecked() -> Iterator[None]:
     """A mutant: records are read without checking their CRC."""
 
     def unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
-        if offset + journal._HEADER.size > len(data):  # noqa: SLF001 -- the test is about the journal's record framing
+        if offset + framedlog.HEADER.size > len(data):
             return None
-        _, length, _ = journal._HEADER.unpack_from(data, offset)  # noqa: SLF001 -- the test is about the journal's record framing
-        end = offset + journal._HEADER.size + length  # noqa: SLF001 -- the test is about the journal's record framing
-        return data[offset + journal._HEADER.size : min(end, len(data))], min(end, len(data))  # noqa: SLF001 -- the test is about the journal's record framing
+        _, length, _ = framedlog.HEADER.unpack_from(data, offset)
+        end = offset + framedlog.HEADER.size + length
+        return data[offset + framedlog.HEADER.size : min(end, len(data))], min(end, len(data))
 
-    with mock.patch.object(journal, "_unframe", unframe):
+    with mock.patch.object(framedlog, "unframe", unframe):
         yield
 
 
@@ -217,7 +218,7 @@ def log_deleted_early() -> Iterator[None]:
         if self._generation:  # the mutant: drop the old log before the new snapshot is durable
             with contextlib.suppress(FileNotFoundError):
                 self._store.fs.unlink(
-                    journal._log_name(self._run_id, self._generation),  # noqa: SLF001 -- a mutant of compaction's internals
+                    framedlog.log_name(self._run_id, self._generation),
                     dir_fd=self._store._directory_fd(),  # noqa: SLF001 -- a mutant of compaction's internals
                 )
         durably.stores.file.FileRun._write_snapshot(self, data)  # noqa: SLF001 -- a mutant of compaction's internals

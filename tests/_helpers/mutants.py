@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from durably.stores.journal import JournalRun
+from durably.stores import framedlog
+from durably.stores.framedlog import FramedLog
 
 ENV = "DURABLY_MUTANT"
 HITS_ENV = "DURABLY_MUTANT_HITS"
@@ -32,17 +33,17 @@ HITS_ENV = "DURABLY_MUTANT_HITS"
 
 @contextmanager
 def no_datasync() -> Iterator[None]:
-    """Appends that skip their fdatasync: written to the page cache, never flushed."""
-    original = JournalRun._append
+    """Appends that skip their flush: no ``O_DSYNC``, no fdatasync; never leave the page cache."""
+    original = FramedLog.append
 
-    def append(self: JournalRun, record: bytes) -> None:
-        sync, self._journal.sync = self._journal.sync, False
+    def append(self: FramedLog, record: bytes, *, translate: bool = True) -> None:
+        dsync, self.dsync = self.dsync, True  # the append takes its writes for their own flush
         try:
-            original(self, record)
+            original(self, record, translate=translate)
         finally:
-            self._journal.sync = sync
+            self.dsync = dsync
 
-    with mock.patch.object(JournalRun, "_append", append):
+    with mock.patch.object(framedlog, "DSYNC", 0), mock.patch.object(FramedLog, "append", append):
         yield
 
 
@@ -207,12 +208,12 @@ def _saved_reply_dropped() -> list[tuple[Any, str, Any]]:
 
 
 def _damaged_record_as_torn_tail() -> list[tuple[Any, str, Any]]:
-    from durably.stores import journal
+    from durably.stores import framedlog
 
     def damage_after(data: bytes, offset: int) -> str | None:
         return None  # nothing valid after a bad record: every bad record is a torn tail
 
-    return [(journal, "_damage_after", damage_after)]
+    return [(framedlog, "damage_after", damage_after)]
 
 
 def _check_reads_wrong_run() -> list[tuple[Any, str, Any]]:

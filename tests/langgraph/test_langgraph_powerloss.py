@@ -23,7 +23,8 @@ from langchain_core.runnables import RunnableConfig
 from typing_extensions import override
 
 from durably import faults
-from durably.langgraph import DurablySaver, _thread
+from durably.langgraph import DurablySaver
+from durably.stores import framedlog
 from durably.sweep.powerloss import PowerLossFS
 
 IMAGES_PER_POINT = 24
@@ -110,7 +111,7 @@ def test_every_power_cut_leaves_the_last_acknowledged_checkpoint(
     (with Linux's O_DSYNC append, and with the write + datasync append used elsewhere).
     """
     if not dsync:
-        monkeypatch.setattr(_thread, "_DSYNC", 0)
+        monkeypatch.setattr(framedlog, "DSYNC", 0)
     root = tmp_path / "disk"
     root.mkdir(mode=0o700)
     fs = PowerLossFS(root)

@@ -14,7 +14,6 @@ import pytest
 from _pg_cluster import Cluster
 from _store_backends import Backend, file_backend, postgres_backend
 
-from durably.langgraph._thread import ThreadStore
 from durably.stores.directory import DirectoryStore
 from durably.stores.journal import JournalStore
 
@@ -49,24 +48,19 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
 """The store backends of the runs' own layouts, which the property tests run against."""
 
 
-def _implements_store(cls: type) -> bool:
-    """Whether a class has every method of the ``Store`` protocol."""
-    members = ("create", "open", "read", "list_runs", "describe", "close", "__aenter__")
-    return all(callable(getattr(cls, name, None)) for name in members)
-
-
 EVERY_STORE: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     **STORES,
     "directory": lambda request: file_backend(
         request.getfixturevalue("tmp_path") / "runs", DirectoryStore
     ),
 }
-"""Every store durably ships, for the conformance suite (``durably.testing.stores``)."""
-if _implements_store(ThreadStore):  # today by inheriting the journal store's runs
-    EVERY_STORE["langgraph-thread"] = lambda request: file_backend(
-        request.getfixturevalue("tmp_path") / "threads", ThreadStore
-    )
+"""Every run store durably ships, for the conformance suite (``durably.testing.stores``).
 
+The LangGraph thread store is not among them: it holds a thread's checkpoints, not a
+``RunState``, and LangGraph's own conformance suite checks it
+(``tests/langgraph/test_langgraph_conformance.py``). It once passed as a run store only
+because it inherited the journal store; composed (issue 33), it has no run methods.
+"""
 _MARKS = {"postgres": [pytest.mark.postgres]}
 
 

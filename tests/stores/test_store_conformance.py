@@ -48,8 +48,8 @@ def on(backend: Backend, scenario: Callable[[Store], Awaitable[T]]) -> T:
 
 @pytest.mark.parametrize("check", CHECKS, ids=str)
 def test_every_store_keeps_every_rule(every_store: Backend, check: Check) -> None:
-    """Each store durably ships (snapshot, journal, directory, Postgres, LangGraph's thread
-    store) keeps each rule of the public suite.
+    """Each run store durably ships (snapshot, journal, directory, Postgres) keeps each
+    rule of the public suite.
     """
     check.run(every_store.subject())
 

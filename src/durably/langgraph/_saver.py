@@ -48,7 +48,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from .. import faults
 from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt, StorageError
-from ..stores.file import _off_the_loop
+from ..stores.rundir import off_the_loop
 from ._thread import (
     Blob,
     Index,
@@ -384,7 +384,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
             )
             faults.point("langgraph.writes.saved")
             return None
-        handle._check_usable()  # noqa: SLF001 -- the saver owns its handles: the closed, broken and lost-lock checks
+        handle.claim.check_usable()
         record = Writes(handle.index.wseq + 1, ns, checkpoint_id, task_id, task_path, items)
         return record, frame(record)
 
@@ -616,7 +616,7 @@ class DurablySaver(BaseCheckpointSaver[str]):
     # -- internals ---------------------------------------------------------------------
 
     async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
-        return await _off_the_loop(self.store.sync, function, *arguments)
+        return await off_the_loop(self.store.sync, function, *arguments)
 
     def _ready(self, thread_id: str) -> ThreadLog:
         """The owned thread, claimed if need be (under the lock)."""

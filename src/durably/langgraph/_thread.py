@@ -22,10 +22,12 @@ were not acknowledged, and the checkpoint after them no longer needs them.
 Format 2 threads (one log for both) are read and written as they are, until a
 rewrite (prune, delete_for_runs, copy_thread) makes them format 3.
 
-This is the journal store's layout and protocol (``durably.stores.journal``),
-reused rather than copied: the same framed, checksummed records, the same
-torn-tail rule, the same crash-atomic snapshot write, the same flock. Only the
-records and the append differ. A record is a msgpack array, one of
+The thread store holds what the file stores hold, rather than copying them: a
+run directory (``durably.stores.rundir``: the directory, trust checks, flock,
+temp files, the crash-atomic header write, errors) and, per log, a framed log
+(``durably.stores.framedlog``: the checksummed records, the torn-tail rule, the
+reservation and the one append). Only the records are its own. A record is a
+msgpack array, one of
 
 - ``p`` a checkpoint: namespace, ID, parent ID, the serialized checkpoint without
   its channel values, the serialized metadata, the run ID, and a blob per channel
@@ -43,13 +45,13 @@ number of the record holding the value it extends. Reads rebuild the list.
 On Linux the append is one ``write`` on a descriptor opened with ``O_DSYNC``:
 the write returns once its data is on stable storage, as ``write`` +
 ``fdatasync`` would, in one system call (elsewhere it is ``write`` + the
-``FileSystem.datasync`` flush). The owner reserves the log's space ahead of its end
-(``posix_fallocate``, in chunks), so that an append does not grow the file and
-its sync need not commit a new size to the file system's journal. Reserved space
-reads as zeros, which the tail rule reads as the end of the log: no record
-starts with a zero byte. The owner gives back what it did not use when it lets
-the thread go; a new owner cuts any tail (zeros or a torn record) before it
-appends.
+``FileSystem.datasync`` flush; ``durably.stores.framedlog``). The owner reserves
+the log's space ahead of its end (``posix_fallocate``, in chunks), so that an
+append does not grow the file and its sync need not commit a new size to the
+file system's journal. Reserved space reads as zeros, which the tail rule reads
+as the end of the log: no record starts with a zero byte. The owner gives back
+what it did not use when it lets the thread go; a new owner cuts any tail (zeros
+or a torn record) before it appends.
 
 Rewrites (prune, delete_for_runs, the target of copy_thread) write the kept
 records into the log of the next generation (created, written, flushed, directory
@@ -64,35 +66,27 @@ import hashlib
 import logging
 import os
 import re
-import sys
 import threading
 import zlib
 from collections import deque
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .. import faults
-from .._sysio import FileSystem, filesystem_type
+from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt, Locked, SaveFailed
-from ..stores.journal import (
-    JournalRun,
-    JournalStore,
-    _damage_after,
-    _frame,
-    _log_name,
-    _unframe,
-)
+from ..stores import framedlog
+from ..stores.framedlog import FramedLog, cut_tail, log_name, payloads
+from ..stores.rundir import Claim, RunDirectory
 
 __all__ = ["ThreadLocked", "thread_key"]
 
 _NOFOLLOW = os.O_NOFOLLOW
-_DSYNC = os.O_DSYNC if sys.platform == "linux" else 0
-"""Linux only: elsewhere (macOS) ``O_DSYNC`` leaves the data in the drive's cache, and the
-append calls ``FileSystem.datasync`` (``F_FULLFSYNC`` there) after its write."""
 _HEADER_SUFFIX = ".json"
 _LOCK_SUFFIX = ".lock"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
@@ -102,17 +96,6 @@ version 1 (one log, a header without a checksum) are still read, and written as 
 _SPLIT_FORMAT = 3
 """The first format with a writes log."""
 _WRITES_SUFFIX = ".wlog"
-_MIN_RESERVE = 256 << 10
-"""Space reserved ahead of the log's end when it runs out: as much as the log holds (so
-an owned thread's file is at most twice its records), but at least this much. Reserved in
-small pieces (16 KiB), a 200-step run's log lay in 5 or 6 extents scattered on the disk,
-more than an ext4 inode holds without a tree block, and each ``O_DSYNC`` write, which turns
-reserved space into written space, took longer (0.23 against 0.21 ms a put, median, in
-benchmarks/langgraph.py); in 256 KiB pieces it lies in one or two..."""
-_MAX_RESERVE = 8 << 20
-"""...and at most this much."""
-_RESERVING_FS = frozenset({"ext4", "xfs"})
-"""File systems where writing into reserved space spares the sync a journal commit."""
 
 log = logging.getLogger("durably.store")
 
@@ -224,8 +207,8 @@ def writes_log_name(key: str, generation: int) -> str:
 
 
 def frame(record: Record) -> bytes:
-    """A record framed as the journal frames its records (magic, length, CRC-32)."""
-    return _frame(_encoder.encode(record))
+    """A record framed as every framed log frames its records (magic, length, CRC-32)."""
+    return framedlog.frame(_encoder.encode(record))
 
 
 # -- the in-memory index -----------------------------------------------------------------
@@ -369,21 +352,12 @@ def records(data: bytes, *, path: str) -> Iterator[tuple[Record, int]]:
     a torn tail (never acknowledged) and ends the log; with a valid record after
     it, the log is ``CheckpointCorrupt``.
     """
-    offset = 0
-    while offset < len(data):
-        framed = _unframe(data, offset)
-        if framed is None:
-            damage = _damage_after(data, offset)
-            if damage is not None:
-                raise CheckpointCorrupt(path=path, reason=damage)
-            return
-        payload, end = framed
+    for payload, start, end in payloads(data, path=path):
         try:
             record = _decoder.decode(payload)
         except msgspec.DecodeError as exc:
-            raise CheckpointCorrupt(path=path, reason=f"record at byte {offset}: {exc}") from exc
+            raise CheckpointCorrupt(path=path, reason=f"record at byte {start}: {exc}") from exc
         yield record, end
-        offset = end
 
 
 def replay(data: bytes, *, path: str) -> tuple[Index, int]:
@@ -408,8 +382,8 @@ def replay_writes(index: Index, data: bytes, *, path: str) -> int:
 # -- the store and its handles -----------------------------------------------------------
 
 
-class ThreadStore(JournalStore):
-    """The saver's directory: a journal store whose runs are LangGraph threads."""
+class ThreadStore:
+    """The saver's directory of threads; it holds a run directory, as the file stores do."""
 
     def __init__(
         self,
@@ -419,52 +393,67 @@ class ThreadStore(JournalStore):
         fs: FileSystem | None = None,
         allow_network_fs: bool = False,
     ) -> None:
-        super().__init__(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
-        self._reserves: bool | None = None
+        self.run_directory = RunDirectory(
+            directory, sync=sync, fs=fs or FileSystem(), allow_network_fs=allow_network_fs
+        )
 
-    def reserves_space(self) -> bool:
-        """True when logs here get space reserved ahead of their end (see the module doc)."""
-        if self._reserves is None:
-            self._reserves = filesystem_type(self.directory) in _RESERVING_FS
-        return self._reserves
+    @property
+    def directory(self) -> Path:
+        """The saver's directory."""
+        return self.run_directory.directory
+
+    @property
+    def sync(self) -> bool:
+        """Whether files and the directory are synced."""
+        return self.run_directory.sync
+
+    @property
+    def fs(self) -> FileSystem:
+        """The system-call seam."""
+        return self.run_directory.fs
+
+    def close_sync(self) -> None:
+        """Close the directory's descriptor (handles keep their own)."""
+        self.run_directory.close()
 
     def claim_sync(self, thread_id: str) -> ThreadLog:
         """Take the thread's lock (``ThreadLocked`` at once if held elsewhere) and load it."""
         key = thread_key(thread_id)
-        dir_fd = self._directory_fd()
+        directory = self.run_directory
         lock_name = key + _LOCK_SUFFIX
-        self._refuse_symlink(lock_name, dir_fd)
-        lock_fd = self._open_lock(lock_name, thread_id, dir_fd)  # ours, regular, never blocking
-        if not self.fs.lock(lock_fd):
-            self.fs.close(lock_fd)
-            raise ThreadLocked(thread_id=thread_id, path=self._path(lock_name))
+        directory.refuse_symlink(lock_name)
+        lock_fd = directory.lock(lock_name, thread_id)  # ours, regular, never blocking
+        if lock_fd is None:
+            raise ThreadLocked(thread_id=thread_id, path=directory.path(lock_name))
         handle = ThreadLog(self, key, lock_fd, thread_id=thread_id)
         try:
-            self._remove_temp_files(key, dir_fd)
-            header = self._read_header(key, thread_id, dir_fd)
+            directory.remove_temp_files(key)
+            header = self._read_header(key, thread_id)
             if header is None:
-                self._remove_stale_logs(key, -1, dir_fd)
-                self._remove_stale_writes_logs(key, -1, dir_fd)
+                directory.remove_generations(key, ".log", keep=-1)
+                directory.remove_generations(key, _WRITES_SUFFIX, keep=-1, missing_ok=True)
                 return handle
-            name = _log_name(key, header.generation)
-            data = self._read_trusted(name, key, dir_fd)
+            name = log_name(key, header.generation)
+            data = directory.read_trusted(name, key)
             if data is None:
                 raise self._missing_log(name, thread_id)
-            index, valid = replay(data, path=self._path(name))
+            index, valid = replay(data, path=directory.path(name))
             if valid < len(data):
-                handle._cut_tail(name, valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+                cut_tail(handle.claim, name, valid)
             writes_valid = 0
             if header.format >= _SPLIT_FORMAT:
                 wname = writes_log_name(key, header.generation)
-                wdata = self._read_trusted(wname, key, dir_fd)
+                wdata = directory.read_trusted(wname, key)
                 if wdata is None:
                     raise self._missing_log(wname, thread_id)
-                writes_valid = replay_writes(index, wdata, path=self._path(wname))
+                writes_valid = replay_writes(index, wdata, path=directory.path(wname))
                 if writes_valid < len(wdata):
-                    handle._cut_tail(wname, writes_valid)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-            self._remove_stale_logs(key, header.generation, dir_fd)
-            self._remove_stale_writes_logs(key, header.generation, dir_fd)
-            handle._adopt_index(  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
+                    cut_tail(handle.claim, wname, writes_valid)
+            directory.remove_generations(key, ".log", keep=header.generation)
+            directory.remove_generations(
+                key, _WRITES_SUFFIX, keep=header.generation, missing_ok=True
+            )
+            handle.adopt_index(
                 index,
                 generation=header.generation,
                 log_size=valid,
@@ -479,31 +468,31 @@ class ThreadStore(JournalStore):
     def read_index(self, thread_id: str) -> Index | None:
         """The thread as its files say now, without its lock (None when there is no thread)."""
         key = thread_key(thread_id)
-        dir_fd = self._directory_fd()
+        directory = self.run_directory
         for _ in range(8):
-            header = self._read_header(key, thread_id, dir_fd)
+            header = self._read_header(key, thread_id)
             if header is None:
                 return None
-            name = _log_name(key, header.generation)
-            data = self._read_trusted(name, key, dir_fd)
+            name = log_name(key, header.generation)
+            data = directory.read_trusted(name, key)
             wdata: bytes | None = b""
             wname = ""
             if header.format >= _SPLIT_FORMAT:
                 wname = writes_log_name(key, header.generation)
-                wdata = self._read_trusted(wname, key, dir_fd)
-            again = self._read_header(key, thread_id, dir_fd)
+                wdata = directory.read_trusted(wname, key)
+            again = self._read_header(key, thread_id)
             if again is not None and again.generation == header.generation:
                 if data is None:
                     raise self._missing_log(name, thread_id)
                 if wdata is None:
                     raise self._missing_log(wname, thread_id)
-                index = replay(data, path=self._path(name))[0]
+                index = replay(data, path=directory.path(name))[0]
                 if wdata:
-                    replay_writes(index, wdata, path=self._path(wname))
+                    replay_writes(index, wdata, path=directory.path(wname))
                 return index
         raise SaveFailed(
             run_id=thread_id,
-            path=self._path(key + _HEADER_SUFFIX),
+            path=directory.path(key + _HEADER_SUFFIX),
             reason="the thread was rewritten eight times while being read; try again",
         )
 
@@ -511,40 +500,29 @@ class ThreadStore(JournalStore):
         """The ID of every thread in the directory, sorted."""
         if not self.directory.exists() and not self.directory.is_symlink():
             return []
-        dir_fd = self._directory_fd()
         found = []
-        for name in self.fs.listdir(dir_fd):
+        for name in self.fs.listdir(self.run_directory.fd()):
             if name.endswith(_HEADER_SUFFIX) and not name.startswith("."):
-                header = self._read_header(name[: -len(_HEADER_SUFFIX)], None, dir_fd)
+                header = self._read_header(name[: -len(_HEADER_SUFFIX)], None)
                 if header is not None:
                     found.append(header.thread_id)
         return sorted(found)
-
-    def _remove_stale_writes_logs(self, key: str, generation: int, dir_fd: int) -> None:
-        """Remove writes logs of other generations than ``generation`` (-1: all of them)."""
-        prefix = key + "."
-        for name in self.fs.listdir(dir_fd):
-            if name.startswith(prefix) and name.endswith(_WRITES_SUFFIX):
-                middle = name[len(prefix) : -len(_WRITES_SUFFIX)]
-                if middle.isdigit() and int(middle) != generation:
-                    with suppress(FileNotFoundError):
-                        self.fs.unlink(name, dir_fd=dir_fd)
 
     def _missing_log(self, name: str, thread_id: str) -> CheckpointCorrupt:
         # A header is replaced only after the log it names is written, flushed and
         # its name synced, and is removed before its log: a missing log was deleted.
         return CheckpointCorrupt(
-            path=self._path(name),
+            path=self.run_directory.path(name),
             reason=f"the header of thread {thread_id!r} names this log and it is missing "
             "(deleted, or the header was altered)",
         )
 
-    def _read_header(self, key: str, thread_id: str | None, dir_fd: int) -> _Header | None:
+    def _read_header(self, key: str, thread_id: str | None) -> _Header | None:
         name = key + _HEADER_SUFFIX
-        path = self._path(name)
+        path = self.run_directory.path(name)
         # As the stores read theirs: O_NONBLOCK (a FIFO here is refused, not waited on),
         # and only a regular file this user owns and nobody else can write (issue 31).
-        data = self._read_trusted(name, thread_id or key, dir_fd)
+        data = self.run_directory.read_trusted(name, thread_id or key)
         if data is None:
             return None
         try:
@@ -566,25 +544,16 @@ class ThreadStore(JournalStore):
         return header
 
 
-@dataclass
-class _LogFile:
-    """One of a thread's open logs, as its owner appends to it."""
-
-    fd: int | None = None
-    size: int = 0
-    """The end of the last whole record."""
-    reserved: int = 0
-    """The file's size: past ``size``, space reserved by this handle (zeros)."""
-    reserving: bool = False
-
-
-class ThreadLog(JournalRun):
-    """Ownership of one thread: its lock, its open logs and its index."""
+class ThreadLog:
+    """Ownership of one thread: its claim (the lock), its two framed logs and its index."""
 
     def __init__(self, store: ThreadStore, key: str, lock_fd: int, *, thread_id: str) -> None:
-        super().__init__(store, key, lock_fd)
         self._threads = store
+        self._key = key
+        self.claim = Claim(store.run_directory, key, lock_fd)
+        """The thread's lock as this handle holds it: checks before each write, errors."""
         self.thread_id = thread_id
+        self._generation = 0
         self._index = Index()
         self._flushed: deque[Writes] = deque()
         """Writes records flushed without the saver's lock, not yet applied to the index."""
@@ -593,12 +562,20 @@ class ThreadLog(JournalRun):
         """True when pending writes go to the writes log (a format 3 thread)."""
         self.previous: dict[tuple[str, str], tuple[Node, list[Any]]] = {}
         """(namespace, channel) -> the tip node and its value as a list, for appends."""
-        self._main = _LogFile()
-        self._writes = _LogFile()
+        self._main, self._writes = self._new_logs(0)
         self.flushing = threading.Lock()
         """Held by a put_writes from before it reads the writes log's end until its append is
         durable and queued, which it may make without the saver's lock (see the saver); a
         plain lock because releasing one costs less than setting an ``Event``."""
+
+    def _new_logs(
+        self, generation: int, *, sizes: tuple[int, int] = (0, 0)
+    ) -> tuple[FramedLog, FramedLog]:
+        """The main and writes logs of ``generation``, not open yet."""
+        return (
+            FramedLog(self.claim, log_name(self._key, generation), size=sizes[0]),
+            FramedLog(self.claim, writes_log_name(self._key, generation), size=sizes[1]),
+        )
 
     @property
     def index(self) -> Index:
@@ -619,7 +596,7 @@ class ThreadLog(JournalRun):
 
     def break_off(self, reason: str) -> None:
         """An unlocked append failed: no more appends through this handle; let go of it."""
-        self._broken = self._broken or reason
+        self.claim.broken = self.claim.broken or reason
         self.flushing.release()
 
     def wait_idle(self) -> None:
@@ -627,13 +604,13 @@ class ThreadLog(JournalRun):
         with self.flushing:
             pass
 
-    def _adopt_index(
+    def adopt_index(
         self, index: Index, *, generation: int, log_size: int, split: bool, writes_size: int
     ) -> None:
+        """Take what a claim's load found as what the disk holds (called by the store)."""
         self.index = index
         self._generation = generation
-        self._main = _LogFile(size=log_size)
-        self._writes = _LogFile(size=writes_size)
+        self._main, self._writes = self._new_logs(generation, sizes=(log_size, writes_size))
         self.split = split
         self.exists = True
 
@@ -642,44 +619,18 @@ class ThreadLog(JournalRun):
         """True when the writes log is open (it is opened by the first append after a claim)."""
         return self._writes.fd is not None
 
-    def _append(self, record: bytes) -> None:
-        """Append to this generation's main log, creating it with its first record."""
-        self._append_to(self._main, _log_name(self._run_id, self._generation), record)
-
-    def _append_to(self, log_file: _LogFile, name: str, record: bytes) -> None:
-        """Append to one of this generation's logs, creating it with its first record.
+    def _append_to(self, log_file: FramedLog, record: bytes) -> None:
+        """Append to one of this generation's logs, creating the main log with its first record.
 
         A run's journal log is made by compaction with a header record (and its
         generation checked against the snapshot's); a thread's log is made by its
         first append, and its header file names the generation, so this keeps the
         thread's own protocol rather than the run journal's.
-
-        When syncing on Linux, the log is open with ``O_DSYNC``: the ``write`` returns once
-        the record and the size it reaches are durable, as ``write`` + ``fdatasync``
-        would, in one system call (and one release of the GIL, not two: each
-        release lets a busy thread in, and getting the GIL back can take until
-        that thread blocks or the switch interval forces it out).
         """
-        store, fs = self._journal, self._journal.fs
-        new_log = log_file is self._main and log_file.fd is None and log_file.size == 0
         if log_file.fd is None:  # the writes log is made by the rewrite that makes the log
-            log_file.fd = self._open_log(log_file, name, new_log=new_log)
-        fd = log_file.fd
-        end = log_file.size + len(record)
-        if end > log_file.reserved and log_file.reserving:
-            self._reserve(log_file, fd, end)
-        try:  # as _step does, without a closure per append
-            fs.write(fd, record)
-        except OSError as exc:
-            raise self._failed(exc, name, store.sync) from exc
-        faults.point("store.append.written")
-        if store.sync and not _DSYNC:
-            self._step(lambda: fs.datasync(fd), name, fatal=True)
-        if store.sync and new_log:  # the log's directory entry must survive with its first record
-            dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-            self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
-        log_file.size = end
-        faults.point("store.append.synced")
+            new_log = log_file is self._main and log_file.size == 0
+            self._open_log(log_file, new_log=new_log, name_unsynced=new_log)
+        log_file.append(record)
 
     def append_writes_unlocked(self, record: bytes) -> None:
         """Append a framed ``Writes`` record to the open writes log: reserve, write, flush.
@@ -690,84 +641,50 @@ class ThreadLog(JournalRun):
         system call is raised as the ``OSError``; the caller breaks the handle
         under the saver's lock (:meth:`writes_failed`).
         """
-        fs, log_file = self._journal.fs, self._writes
-        fd = log_file.fd
-        if fd is None:
+        if self._writes.fd is None:
             raise RuntimeError("the writes log is not open")  # the saver opens it under its lock
-        end = log_file.size + len(record)
-        if end > log_file.reserved and log_file.reserving:
-            self._reserve(log_file, fd, end)
-        fs.write(fd, record)
-        faults.point("store.append.written")
-        if self._journal.sync and not _DSYNC:
-            fs.datasync(fd)
-        log_file.size = end
-        faults.point("store.append.synced")
+        self._writes.append(record, translate=False)
 
     def writes_failed(self, exc: OSError) -> Exception:
         """The error for a failed unlocked append; breaks the handle (call under the lock)."""
-        return self._failed(exc, writes_log_name(self._run_id, self._generation), True)
+        return self.claim.failed(exc, self._writes.name, True)
 
-    def _open_log(self, log_file: _LogFile, name: str, *, new_log: bool) -> int:
-        store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-        flags = os.O_WRONLY | _NOFOLLOW | (_DSYNC if store.sync else 0)
+    def _open_log(self, log_file: FramedLog, *, new_log: bool, name_unsynced: bool) -> None:
+        """Open one of the logs for appending (``new_log``: create it), as the append path wants.
+
+        When syncing on Linux, with ``O_DSYNC`` (``framedlog.DSYNC``): each ``write``
+        returns once the record and the size it reaches are durable, as ``write`` +
+        ``fdatasync`` would, in one system call (and one release of the GIL, not two:
+        each release lets a busy thread in, and getting the GIL back can take until
+        that thread blocks or the switch interval forces it out).
+        """
+        claim, store = self.claim, self._threads
+        fs, dir_fd, name = store.fs, claim.directory.fd(), log_file.name
+        flags = os.O_WRONLY | _NOFOLLOW | log_file.flags()
         if new_log:
             flags |= os.O_CREAT | os.O_EXCL
         try:
-            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            fd = claim.step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         except Exception:
             if not new_log:
                 raise
             # A log of this generation left by a process that died before its first
             # append was flushed holds nothing that was ever acknowledged.
             fs.unlink(name, dir_fd=dir_fd)
-            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            fd = claim.step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         # The claim cut any tail after the last whole record: the end is where to write.
-        log_file.reserved = fs.seek_end(fd)
-        log_file.reserving = store.sync and self._threads.reserves_space()
-        return fd
-
-    def _reserve(self, log_file: _LogFile, fd: int, end: int) -> None:
-        """Reserve space past ``end`` (as much as the log holds, within bounds).
-
-        Best effort: where it fails (a full disk), appends go on growing the file,
-        and the write itself reports a full disk.
-        """
-        size = end + min(max(end, _MIN_RESERVE), _MAX_RESERVE)
-        try:
-            log_file.reserving = self._journal.fs.allocate(fd, log_file.size, size - log_file.size)
-        except OSError as exc:
-            log.info("could not reserve space for thread %s: %s", self.thread_id, exc)
-            log_file.reserving = False
-            return
-        if log_file.reserving:
-            log_file.reserved = size
-
-    def _give_back(self) -> None:
-        """Cut the reserved space this handle did not use (zeros; no sync needed)."""
-        for log_file in (self._main, self._writes):
-            fd = log_file.fd
-            if fd is None or log_file.reserved <= log_file.size or self._broken is not None:
-                continue
-            try:
-                self._journal.fs.truncate(fd, log_file.size)
-            except OSError as exc:  # the zeros read as the end of the log: nothing is lost
-                log.info("could not trim thread %s's log: %s", self.thread_id, exc)
-            log_file.reserved = log_file.size
+        log_file.attach(fd, name_unsynced=name_unsynced)
 
     def _close_logs(self) -> None:
-        fs = self._journal.fs
-        for log_file in (self._main, self._writes):
-            if log_file.fd is not None:
-                fs.close(log_file.fd)
-                log_file.fd = None
+        self._main.close()
+        self._writes.close()
 
     def close_sync(self) -> None:
         """Give back unused reserved space, then release the logs and the lock."""
-        self._give_back()
+        self._main.give_back()
+        self._writes.give_back()
         self._close_logs()
-        super().close_sync()
+        self.claim.release()
 
     def append(
         self, record: Record, *, lists: dict[tuple[str, str], list[Any] | None] | None = None
@@ -784,7 +701,7 @@ class ThreadLog(JournalRun):
         noted. Should the write fail, the saver drops this handle (and its
         index), and the next claim reads what the disk holds.
         """
-        self._check_usable()
+        self.claim.check_usable()
         if not self.exists:
             self.rewrite([msgspec.structs.replace(record, seq=1)])
             self._remember_lists(lists)
@@ -794,12 +711,12 @@ class ThreadLog(JournalRun):
             record = msgspec.structs.replace(record, seq=index.wseq + 1)
             framed = frame(record)
             index.apply_writes(record)
-            self._append_to(self._writes, writes_log_name(self._run_id, self._generation), framed)
+            self._append_to(self._writes, framed)
             return
         framed = frame(record)  # before apply, which moves a Put's blobs into the index
         index.apply(record)
         self._remember_lists(lists)
-        self._append(framed)
+        self._append_to(self._main, framed)
 
     def _remember_lists(self, lists: dict[tuple[str, str], list[Any] | None] | None) -> None:
         if not lists:
@@ -814,28 +731,28 @@ class ThreadLog(JournalRun):
 
     def rewrite(self, records: list[Record]) -> None:
         """Replace the thread's log by ``records`` (seqs from 1), crash-atomically."""
-        self._check_usable()
-        store, fs = self._journal, self._journal.fs
+        claim = self.claim
+        claim.check_usable()
+        fs = self._threads.fs
         old = self._generation
         self._close_logs()
         self._generation = old + 1
-        self._main, self._writes = _LogFile(), _LogFile()
+        self._main, self._writes = self._new_logs(self._generation)
         try:
             # The writes log is made empty first: the directory sync of the log's
             # first append then makes both names durable before the header names them.
-            wname = writes_log_name(self._run_id, self._generation)
-            self._writes.fd = self._open_log(self._writes, wname, new_log=True)
-            self._append(b"".join(frame(record) for record in records))
+            self._open_log(self._writes, new_log=True, name_unsynced=False)
+            self._append_to(self._main, b"".join(frame(record) for record in records))
             faults.point("langgraph.rewrite.log_synced")
-            self._write_snapshot(_header(self.thread_id, old + 1))
+            claim.replace(self._key + _HEADER_SUFFIX, _header(self.thread_id, old + 1))
         except BaseException as exc:
             # The header on disk may name either generation now: this handle must not
             # append again. The saver drops it; a new claim reads what the disk says.
-            self._broken = f"a rewrite failed ({exc.__class__.__name__})"
+            claim.broken = f"a rewrite failed ({exc.__class__.__name__})"
             raise
         if old:
-            dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-            for stale in (_log_name(self._run_id, old), writes_log_name(self._run_id, old)):
+            dir_fd = claim.directory.fd()
+            for stale in (log_name(self._key, old), writes_log_name(self._key, old)):
                 with suppress(FileNotFoundError):
                     fs.unlink(stale, dir_fd=dir_fd)
         faults.point("langgraph.rewrite.done")
@@ -849,24 +766,25 @@ class ThreadLog(JournalRun):
 
     def delete(self) -> None:
         """Remove the thread: its header first (durably), then its logs. The lock stays."""
-        self._check_usable()
-        store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-        name = self._run_id + _HEADER_SUFFIX
+        claim = self.claim
+        claim.check_usable()
+        directory, fs = claim.directory, self._threads.fs
+        dir_fd = directory.fd()
+        name = self._key + _HEADER_SUFFIX
         self._close_logs()
         with suppress(FileNotFoundError):
-            self._step(lambda: fs.unlink(name, dir_fd=dir_fd), name)
-        if store.sync:
-            self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+            claim.step(lambda: fs.unlink(name, dir_fd=dir_fd), name)
+        if directory.sync:
+            claim.step(lambda: fs.fsync(dir_fd), str(directory.directory), fatal=True)
         faults.point("langgraph.delete.header_removed")
-        store._remove_stale_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- built on the journal's internals (design.md, LangGraph saver)
-        self._threads._remove_stale_writes_logs(self._run_id, -1, dir_fd)  # noqa: SLF001 -- the handle is part of its store
+        directory.remove_generations(self._key, ".log", keep=-1)
+        directory.remove_generations(self._key, _WRITES_SUFFIX, keep=-1, missing_ok=True)
         self.index = Index()
         self.exists = False
         self.split = False
         self.previous.clear()
         self._generation = 0
-        self._main, self._writes = _LogFile(), _LogFile()
+        self._main, self._writes = self._new_logs(0)
 
 
 def value_chain(node: Node) -> Iterator[Node]:

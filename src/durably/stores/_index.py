@@ -99,7 +99,7 @@ def scan(store: FileStore) -> dict[str, Identity]:
     One directory listing and one ``lstat`` per file; nothing is opened. The
     directory is the store's (checked as the user's own when it is opened).
     """
-    dir_fd = store._directory_fd()  # noqa: SLF001 -- the index lives in the store's own directory
+    dir_fd = store.run_directory.fd()
     names: dict[str, list[str]] = {}
     for name in store.fs.listdir(dir_fd):
         run = _run_of(name)
@@ -147,7 +147,7 @@ def load(store: FileStore) -> dict[str, tuple[Identity, msgspec.Raw]]:
     """The index's entries, or nothing when it is missing, damaged, foreign or not private."""
     path = str(store.directory / INDEX_NAME)
     try:
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- the index lives in the store's own directory
+        dir_fd = store.run_directory.fd()
         fd = open_trusted(store.fs, INDEX_NAME, os.O_RDONLY, 0, dir_fd=dir_fd, path=path)
     except FileNotFoundError:
         return {}
@@ -205,7 +205,7 @@ def save(store: FileStore, entries: dict[str, tuple[Identity, bytes]]) -> None:
     )
     header = b"%s %d %08x\n" % (_MAGIC, _FORMAT, zlib.crc32(body))
     try:
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- the index lives in the store's own directory
+        dir_fd = store.run_directory.fd()
         _remove_stale_temps(store, dir_fd)
         replace_file(store.fs, dir_fd, INDEX_NAME, header + body, mode=0o600, sync=False)
     except (OSError, DurablyError) as exc:

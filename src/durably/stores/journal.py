@@ -8,7 +8,11 @@ Per run, in the state directory (0700)::
     <run>.lock         flock'ed by the owner; never deleted; holds the watermark
 
 A save that only appended messages and changed a few fields appends one record
-holding just that change: one ``write`` and one ``fdatasync``. A record is
+holding just that change, by the framed log's one append
+(:class:`~durably.stores.framedlog.FramedLog`): on Linux one ``write`` on a log
+opened with ``O_DSYNC`` into space reserved ahead (the reserve is given back at
+close, and a new owner cuts reserved zeros as it cuts a torn tail); elsewhere a
+``write`` and a flush. A record is
 
     magic (4 bytes) | length (4, little-endian) | CRC-32 of length and payload (4) | payload
 
@@ -60,47 +64,19 @@ from ..checkpoint.delta import Changes, Record, apply, decode_record, encode_rec
 from ..errors import CheckpointCorrupt
 from ..state import RunState, check_ranges, utcnow
 from .file import FileRun, FileStore
+from .framedlog import FramedLog, cut_tail, frame, log_name, payloads, unframe
 
 __all__ = ["JournalRun", "JournalStore"]
 
-_MAGIC = b"\xd7DJr"
-_HEADER = struct.Struct("<4sII")
-_LENGTH = struct.Struct("<I")
 _NOFOLLOW = os.O_NOFOLLOW
 _WATERMARK = struct.Struct("<4sQQI")
 _WATERMARK_MAGIC = b"DJw1"
 _READ_ATTEMPTS = 10
 """A lock-free reader retries a refused load this many times in all (see ``_load``)."""
-_SCAN_CANDIDATES = 4096
-"""At most this many candidate records are checked after a damaged one (bounds the scan)."""
 
 
 _KEYED_VERSION = 3
 """The envelope version from which a snapshot's log may hold ``put``/``drop`` records."""
-
-
-def _frame(payload: bytes) -> bytes:
-    # The CRC runs over length then payload without joining them (no copy of the payload).
-    crc = zlib.crc32(payload, zlib.crc32(_LENGTH.pack(len(payload))))
-    return _HEADER.pack(_MAGIC, len(payload), crc) + payload
-
-
-def _unframe(data: bytes, offset: int) -> tuple[bytes, int] | None:
-    """The payload at ``offset`` and the offset after it, or None when it is not a whole record."""
-    if offset + _HEADER.size > len(data):
-        return None
-    magic, length, crc = _HEADER.unpack_from(data, offset)
-    end = offset + _HEADER.size + length
-    if magic != _MAGIC or end > len(data):
-        return None
-    payload = data[offset + _HEADER.size : end]
-    if zlib.crc32(payload, zlib.crc32(_LENGTH.pack(length))) != crc:
-        return None
-    return payload, end
-
-
-def _log_name(run_id: str, generation: int) -> str:
-    return f"{run_id}.{generation}.log"
 
 
 def _watermark(generation: int, seq: int) -> bytes:
@@ -120,6 +96,10 @@ def _read_watermark(data: bytes) -> tuple[int, int] | None:
 
 class JournalStore(FileStore):
     """Runs as a snapshot plus an append-only log of changes (see the module docstring).
+
+    A :class:`FileStore` whose runs carry a framed log
+    (:class:`~durably.stores.framedlog.FramedLog`, held by each run's handle) after
+    their snapshot: it reads both layouts and makes journal runs.
 
     Args:
         directory: the state directory.
@@ -168,29 +148,30 @@ class JournalStore(FileStore):
     def _new_handle(self, run_id: str, lock_fd: int) -> JournalRun:
         return JournalRun(self, run_id, lock_fd)
 
-    def _load(self, run_id: str, dir_fd: int, *, owner: FileRun | None = None) -> RunState:
+    def _load(self, run_id: str, *, owner: FileRun | None = None) -> RunState:
         if owner is not None:
-            return self._load_once(run_id, dir_fd, owner=owner)
+            return self._load_once(run_id, owner=owner)
         # A reader takes no lock: an owner saving or compacting meanwhile can make
         # one reading inconsistent (a watermark newer than the log it read). Real
         # damage stays; a race does not, so only a repeated refusal stands.
         attempt = 1
         while True:
-            before = self._files_now(run_id, dir_fd)
+            before = self._files_now(run_id)
             try:
-                return self._load_once(run_id, dir_fd, owner=None)
+                return self._load_once(run_id, owner=None)
             except CheckpointCorrupt:
-                if attempt >= _READ_ATTEMPTS or self._files_now(run_id, dir_fd) == before:
+                if attempt >= _READ_ATTEMPTS or self._files_now(run_id) == before:
                     raise  # nothing moved while it was read: the damage is real
             time.sleep(0.002 * attempt)
             attempt += 1
 
-    def _files_now(self, run_id: str, dir_fd: int) -> list[tuple[str, int, int, int]]:
+    def _files_now(self, run_id: str) -> list[tuple[str, int, int, int]]:
         """Name, inode, size and change time of the run's snapshot, lock and logs."""
+        dir_fd = self.run_directory.fd()
         names = [
             run_id + ".json",
             run_id + ".lock",
-            *(name for name, _ in self._logs(run_id, dir_fd)),
+            *(name for name, _ in self._logs(run_id)),
         ]
         found = []
         for name in sorted(names):
@@ -199,19 +180,20 @@ class JournalStore(FileStore):
                 found.append((name, info.st_ino, info.st_size, info.st_mtime_ns))
         return found
 
-    def _load_once(self, run_id: str, dir_fd: int, *, owner: FileRun | None) -> RunState:
-        opened, snapshot_size = self._read_snapshot(run_id, dir_fd)
+    def _load_once(self, run_id: str, *, owner: FileRun | None) -> RunState:
+        directory = self.run_directory
+        opened, snapshot_size = self._read_snapshot(run_id)
         state, generation = opened.state, opened.journal
         if generation == 0:  # a snapshot-store run: nothing to replay
             if isinstance(owner, JournalRun):
-                owner._adopt(state, generation=0, log_size=0, snapshot_size=snapshot_size, seq=0)  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
+                owner.adopt(state, generation=0, log_size=0, snapshot_size=snapshot_size, seq=0)
             return state
-        name = _log_name(run_id, generation)
-        path = self._path(name)
-        self._check_other_logs(run_id, generation, dir_fd)
+        name = log_name(run_id, generation)
+        path = directory.path(name)
+        self._check_other_logs(run_id, generation)
         # The watermark before the log: it is written after the records it counts.
-        mark = _read_watermark(self._read_trusted(run_id + ".lock", run_id, dir_fd) or b"")
-        data = self._read_trusted(name, run_id, dir_fd)
+        mark = _read_watermark(directory.read_trusted(run_id + ".lock", run_id) or b"")
+        data = directory.read_trusted(name, run_id)
         legacy = opened.version == 1
         if data is None:
             if not legacy:
@@ -223,34 +205,35 @@ class JournalStore(FileStore):
             data = b""  # a version-1 snapshot: compacted and nothing appended since
         header = None if legacy else (run_id, generation)
         keyed = opened.version >= _KEYED_VERSION
-        seq, valid = self._replay(state, data, path=path, header=header, keyed=keyed)
+        seq, valid = _replay(state, data, path=path, header=header, keyed=keyed)
         self._check_watermark(run_id, mark, generation, seq, log=path)
         check_ranges(state, path=path)
         if isinstance(owner, JournalRun):
-            if valid < len(data):
-                owner._cut_tail(name, valid)  # noqa: SLF001 -- the store sets up the handle it has just made (same module); a torn tail that never finished its flush
-            self._remove_stale_logs(run_id, generation, dir_fd)
-            owner._adopt(  # noqa: SLF001 -- the store sets up the handle it has just made (same module)
+            if valid < len(data):  # a torn tail that never finished its flush
+                cut_tail(owner.claim, name, valid)
+            self._remove_stale_logs(run_id, generation)
+            owner.adopt(
                 state, generation=generation, log_size=valid, snapshot_size=snapshot_size, seq=seq
             )
-            owner._fresh = not keyed  # noqa: SLF001 -- the store sets up the handle it has just made (same module); rewrite an older snapshot as version 3 first
+            owner.fresh = not keyed  # rewrite an older snapshot as version 3 first
         return state
 
-    def _check_other_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
+    def _check_other_logs(self, run_id: str, generation: int) -> None:
         """A log newer than the snapshot holding saves means the snapshot went back in time.
 
         A newer log holding only its header is left by a compaction that died
         before its snapshot's rename: nothing in it was ever acknowledged.
         """
-        for name, other in self._logs(run_id, dir_fd):
+        directory = self.run_directory
+        for name, other in self._logs(run_id):
             if other <= generation:
                 continue
-            data = self._read_trusted(name, run_id, dir_fd) or b""
-            framed = _unframe(data, 0)
-            if framed is not None and _unframe(data, framed[1]) is not None:
+            data = directory.read_trusted(name, run_id) or b""
+            framed = unframe(data, 0)
+            if framed is not None and unframe(data, framed[1]) is not None:
                 raise CheckpointCorrupt(
                     path=self.describe(run_id),
-                    reason=f"it names log generation {generation} but {self._path(name)} "
+                    reason=f"it names log generation {generation} but {directory.path(name)} "
                     f"(generation {other}) holds later saves: the snapshot was replaced "
                     "by an older one or altered",
                 )
@@ -259,7 +242,7 @@ class JournalStore(FileStore):
         self, run_id: str, mark: tuple[int, int] | None, generation: int, seq: int, *, log: str
     ) -> None:
         """Refuse a snapshot or log that lost a save its owner acknowledged."""
-        lock = run_id + ".lock"
+        lock = self.run_directory.path(run_id + ".lock")
         if mark is None:
             return
         marked_generation, marked_seq = mark
@@ -267,78 +250,63 @@ class JournalStore(FileStore):
             raise CheckpointCorrupt(
                 path=self.describe(run_id),
                 reason=f"it names log generation {generation}, but its owner had already "
-                f"saved in generation {marked_generation} (watermark in {self._path(lock)}): "
+                f"saved in generation {marked_generation} (watermark in {lock}): "
                 "the snapshot was replaced by an older one or altered",
             )
         if marked_generation == generation and marked_seq > seq:
             raise CheckpointCorrupt(
                 path=log,
                 reason=f"it ends after record {seq}, but records up to {marked_seq} were "
-                f"saved and acknowledged (watermark in {self._path(lock)}): the log was "
+                f"saved and acknowledged (watermark in {lock}): the log was "
                 "truncated or its last records damaged",
             )
 
-    def _replay(
-        self,
-        state: RunState,
-        data: bytes,
-        *,
-        path: str,
-        header: tuple[str, int] | None,
-        keyed: bool = True,
-    ) -> tuple[int, int]:
-        """Apply the log's valid records to ``state``; return (last seq, valid byte length).
-
-        ``header`` is the (run, generation) the log's first record must name; None
-        for a log continuing a version-1 snapshot, which has no header record.
-        ``keyed``: the snapshot's version allows ``put``/``drop`` records.
-        """
-        offset, seq = 0, 0
-        if header is not None:
-            offset = _check_header(data, header, path=path)
-        while offset < len(data):
-            framed = _unframe(data, offset)
-            if framed is None:
-                damage = _damage_after(data, offset)
-                if damage is not None:
-                    raise CheckpointCorrupt(path=path, reason=damage)
-                return seq, offset  # torn tail
-            payload, end = framed
-            record = decode_record(payload, path=path, where=f"byte {offset}")
-            if record.seq != seq + 1:
-                raise CheckpointCorrupt(
-                    path=path, reason=f"record {record.seq} at byte {offset} follows {seq}"
-                )
-            if (record.put or record.drop) and not keyed:
-                raise CheckpointCorrupt(
-                    path=path,
-                    reason=f"record {record.seq} changes fields by key, which a log of a "
-                    "version 1 or 2 snapshot cannot hold",
-                )
-            apply(state, record, path=path)
-            seq, offset = record.seq, end
-        return seq, offset
-
-    def _logs(self, run_id: str, dir_fd: int) -> list[tuple[str, int]]:
+    def _logs(self, run_id: str) -> list[tuple[str, int]]:
         """This run's log files and their generations (exact names: run ``a`` is not ``a.b``)."""
-        found = []
-        listed = self._listed
-        for name in self.fs.listdir(dir_fd) if listed is None else listed:
-            if name.startswith(f"{run_id}.") and name.endswith(".log"):
-                middle = name[len(run_id) + 1 : -len(".log")]
-                if middle.isdigit():
-                    found.append((name, int(middle)))
-        return found
+        return self.run_directory.generations(run_id, ".log", names=self._listed)
 
-    def _remove_stale_logs(self, run_id: str, generation: int, dir_fd: int) -> None:
-        for name, other in self._logs(run_id, dir_fd):
-            if other != generation:
-                self.fs.unlink(name, dir_fd=dir_fd)
+    def _remove_stale_logs(self, run_id: str, generation: int) -> None:
+        """Remove the run's logs of other generations than ``generation``."""
+        self.run_directory.remove_generations(run_id, ".log", keep=generation)
+
+
+def _replay(
+    state: RunState,
+    data: bytes,
+    *,
+    path: str,
+    header: tuple[str, int] | None,
+    keyed: bool = True,
+) -> tuple[int, int]:
+    """Apply the log's valid records to ``state``; return (last seq, valid byte length).
+
+    ``header`` is the (run, generation) the log's first record must name; None
+    for a log continuing a version-1 snapshot, which has no header record.
+    ``keyed``: the snapshot's version allows ``put``/``drop`` records.
+    """
+    offset, seq = 0, 0
+    if header is not None:
+        offset = _check_header(data, header, path=path)
+    for payload, start, end in payloads(data, offset, path=path):
+        record = decode_record(payload, path=path, where=f"byte {start}")
+        if record.seq != seq + 1:
+            raise CheckpointCorrupt(
+                path=path, reason=f"record {record.seq} at byte {start} follows {seq}"
+            )
+        if (record.put or record.drop) and not keyed:
+            raise CheckpointCorrupt(
+                path=path,
+                reason=f"record {record.seq} changes fields by key, which a log of a "
+                "version 1 or 2 snapshot cannot hold",
+            )
+        apply(state, record, path=path)
+        seq, offset = record.seq, end
+    return seq, offset
 
 
 def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
     """Check the log's header record names ``header``; return the offset after it."""
-    framed = _unframe(data, 0)
+    framed = unframe(data, 0)
     if framed is not None:
         first = decode_record(framed[0], path=path, where="byte 0")
         if first.seq == 0 and (first.run, first.gen) == header:
@@ -351,72 +319,50 @@ def _check_header(data: bytes, header: tuple[str, int], *, path: str) -> int:
     )
 
 
-def _damage_after(data: bytes, offset: int) -> str | None:
-    """Why the bytes from ``offset`` are not a torn tail, or None when they may be one.
-
-    A torn tail is one unfinished append: a whole record after it means a record
-    in the middle was damaged. Each candidate costs a CRC over its claimed length,
-    so crafted garbage (magic bytes every few bytes) could make an unbounded scan
-    quadratic: after ``_SCAN_CANDIDATES`` candidates the tail is refused as damage.
-    """
-    position = data.find(_MAGIC, offset + 1)
-    for _ in range(_SCAN_CANDIDATES):
-        if position == -1:
-            return None
-        if _unframe(data, position) is not None:
-            return f"a damaged record at byte {offset} with records after it"
-        position = data.find(_MAGIC, position + 1)
-    if position == -1:
-        return None
-    return (
-        f"the {len(data) - offset} bytes after byte {offset} are not one unfinished append "
-        f"(more than {_SCAN_CANDIDATES} record headers in them)"
-    )
-
-
 class JournalRun(FileRun):
-    """Ownership of one run in a :class:`JournalStore`."""
+    """Ownership of one run in a :class:`JournalStore`: its snapshot and the log after it."""
 
     def __init__(self, store: JournalStore, run_id: str, lock_fd: int) -> None:
         super().__init__(store, run_id, lock_fd)
         self._journal = store
         self._generation = 0
         self._seq = 0
-        self._log_fd: int | None = None
-        self._log_size = 0
+        self._log = FramedLog(self.claim, log_name(run_id, 0))
         self._snapshot_size = 0
         self._changes = Changes()
         """What the store holds: the next record is the change from it."""
-        self._fresh = True
+        self.fresh = True
+        """The next save compacts (a snapshot-store run, or an older envelope version)."""
 
-    def _adopt(
+    def adopt(
         self, state: RunState, *, generation: int, log_size: int, snapshot_size: int, seq: int
     ) -> None:
-        self._generation, self._log_size, self._seq = generation, log_size, seq
+        """Take what a load found as what the disk holds (called by the store that loaded it)."""
+        self._generation, self._seq = generation, seq
+        self._log = FramedLog(self.claim, log_name(self._run_id, generation), size=log_size)
         self._snapshot_size = snapshot_size
         self._remember(state)
-        self._fresh = generation == 0  # a snapshot-store run compacts into a journal first
+        self.fresh = generation == 0  # a snapshot-store run compacts into a journal first
 
     def _remember(self, state: RunState) -> None:
         """Take ``state`` as what the disk holds (after a load or a compaction)."""
         self._changes.remember(state)
 
     def close_sync(self) -> None:
-        """Release the lock and the log descriptor."""
-        if self._log_fd is not None:
-            self._store.fs.close(self._log_fd)
-            self._log_fd = None
+        """Give back the log's unused reserved space; release the log descriptor and the lock."""
+        self._log.give_back()
+        self._log.close()
         super().close_sync()
 
     def save_sync(self, state: RunState) -> None:
         """Append the change since the last save, or compact when that is due."""
-        self._check_usable()
+        self.claim.check_usable()
         state.saved_at = utcnow()
-        if self._fresh or self._changes.rewritten(state) or self._log_due():
+        if self.fresh or self._changes.rewritten(state) or self._log_due():
             self._compact(state)
             return
         record, after = self._changes.record(state, self._seq + 1)
-        self._append(_frame(record))
+        self._append(frame(record))
         # Only now, the save durable: what the next record is the change from.
         self._seq += 1
         self._changes.saved(after)
@@ -424,28 +370,19 @@ class JournalRun(FileRun):
     def _log_due(self) -> bool:
         store = self._journal
         return (
-            self._log_size > store.compact_min_bytes
-            and self._log_size > store.compact_ratio * self._snapshot_size
+            self._log.size > store.compact_min_bytes
+            and self._log.size > store.compact_ratio * self._snapshot_size
         )
 
     def _append(self, record: bytes) -> None:
-        store, fs = self._journal, self._journal.fs
-        name = _log_name(self._run_id, self._generation)
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
-        if self._log_fd is None:
+        log = self._log
+        if log.fd is None:
             # Compaction made this log with its header; it is never created here.
-            self._log_fd = self._step(
-                lambda: fs.open(name, os.O_WRONLY | _NOFOLLOW | os.O_NONBLOCK, 0, dir_fd=dir_fd),
-                name,
-            )
-            fs.seek_end(self._log_fd)
-        fd = self._log_fd
-        self._step(lambda: fs.write(fd, record), name)
-        faults.point("store.append.written")
-        if store.sync:
-            self._step(lambda: fs.datasync(fd), name, fatal=True)
-        self._log_size += len(record)
-        faults.point("store.append.synced")
+            fs, dir_fd = self._journal.fs, self.claim.directory.fd()
+            flags = os.O_WRONLY | _NOFOLLOW | os.O_NONBLOCK | log.flags()
+            fd = self.claim.step(lambda: fs.open(log.name, flags, 0, dir_fd=dir_fd), log.name)
+            log.attach(fd)
+        log.append(record)
         self._mark(self._generation, self._seq + 1)
 
     def _mark(self, generation: int, seq: int) -> None:
@@ -455,7 +392,7 @@ class JournalRun(FileRun):
         page cache keeps it through a crash of this process); a power cut may lose
         it, and then only what the log itself shows is detected.
         """
-        fd = self._lock_fd
+        fd = self.claim.lock_fd
         if fd is None:
             return
         try:
@@ -470,73 +407,61 @@ class JournalRun(FileRun):
                 "could not write the watermark of run %s: %s", self._run_id, exc
             )
 
-    def _new_log(self, generation: int) -> int:
+    def _new_log(self, generation: int) -> FramedLog:
         """Create generation ``generation``'s log holding its synced header record."""
-        store, fs = self._journal, self._journal.fs
-        name = _log_name(self._run_id, generation)
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK
+        claim, fs = self.claim, self._journal.fs
+        directory = claim.directory
+        header = frame(encode_record(Record(seq=0, run=self._run_id, gen=generation)))
+        log = FramedLog(claim, log_name(self._run_id, generation), size=len(header))
+        name = log.name
+        dir_fd = directory.fd()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_NONBLOCK | log.flags()
         try:
             fd = fs.open(name, flags, 0o600, dir_fd=dir_fd)
         except FileExistsError:
             # Left by a compaction that died before its snapshot's rename (the load
             # checked it holds no saves): nothing in it was ever acknowledged.
             fs.unlink(name, dir_fd=dir_fd)
-            fd = self._step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
+            fd = claim.step(lambda: fs.open(name, flags, 0o600, dir_fd=dir_fd), name)
         except OSError as exc:
-            raise self._store._translate(exc, name, self._run_id) from exc  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
+            raise directory.translate(exc, name, self._run_id) from exc
         try:
-            header = encode_record(Record(seq=0, run=self._run_id, gen=generation))
-            self._step(lambda: fs.write(fd, _frame(header)), name)
-            if store.sync:
-                self._step(lambda: fs.datasync(fd), name)
+            claim.step(lambda: fs.write(fd, header), name)
+            if directory.sync:
+                if not log.flags():  # else the write was its own flush (O_DSYNC)
+                    claim.step(lambda: fs.datasync(fd), name)
                 # The log's name must be durable before the snapshot naming it is
                 # renamed in: directory operations on two names may persist out of order.
-                self._step(lambda: fs.fsync(dir_fd), str(store.directory), fatal=True)
+                claim.step(lambda: fs.fsync(dir_fd), str(directory.directory), fatal=True)
         except BaseException:
             fs.close(fd)
             with suppress(OSError):
                 fs.unlink(name, dir_fd=dir_fd)
             raise
-        return fd
+        log.attach(fd)
+        return log
 
     def _compact(self, state: RunState) -> None:
-        store, fs = self._journal, self._journal.fs
+        fs = self._journal.fs
         old = self._generation
         generation = old + 1
         data = self._sealer.seal(state, journal=generation, version=_KEYED_VERSION)
-        log_fd = self._new_log(generation)
+        log = self._new_log(generation)
         try:
             self._write_snapshot(data)  # crash-atomic; its directory sync keeps the new log too
         except BaseException:
-            fs.close(log_fd)
+            log.close()
             raise
-        if self._log_fd is not None:
-            fs.close(self._log_fd)
-        self._log_fd = log_fd
-        fs.seek_end(log_fd)
+        self._log.close()
+        self._log = log
         if old:
             # Only now, after the new snapshot's directory sync: removing the old log
             # earlier could lose acknowledged saves if the rename were undone.
             with suppress(FileNotFoundError):
-                fs.unlink(_log_name(self._run_id, old), dir_fd=store._directory_fd())  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
+                fs.unlink(log_name(self._run_id, old), dir_fd=self.claim.directory.fd())
         faults.point("store.compact.done")
         self._generation, self._seq = generation, 0
-        self._log_size = _HEADER.size + len(
-            encode_record(Record(seq=0, run=self._run_id, gen=generation))
-        )
         self._snapshot_size = len(data)
-        self._fresh = False
+        self.fresh = False
         self._remember(state)
         self._mark(generation, 0)
-
-    def _cut_tail(self, name: str, size: int) -> None:
-        store, fs = self._journal, self._journal.fs
-        dir_fd = store._directory_fd()  # noqa: SLF001 -- the run handle is part of its store (FileStore's, inherited)
-        fd = self._step(lambda: fs.open(name, os.O_WRONLY | _NOFOLLOW, 0o600, dir_fd=dir_fd), name)
-        try:
-            fs.truncate(fd, size)
-            if store.sync:
-                fs.datasync(fd)
-        finally:
-            fs.close(fd)
