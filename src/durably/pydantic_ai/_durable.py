@@ -123,6 +123,8 @@ class _Hold:
         self.session: RunSession | None = None
         self.turn = 0
         self.tools: dict[str, Tool] | None = None
+        self.sizes: dict[int, tuple[object, int]] = {}
+        """Each history message's size as JSON, by ``id`` (the message kept, so no ID is reused)."""
 
 
 class Durable(AbstractCapability[Any]):
@@ -424,9 +426,28 @@ class Durable(AbstractCapability[Any]):
             lookup=self.lookups.get(definition.name),
         )
 
+    def _history_size(self, messages: list[Any]) -> int:
+        """The request's history as JSON bytes, each message measured once per run.
+
+        Pydantic AI keeps a run's history as one list of the same message objects, a
+        request's new ones appended, so only those are serialized: measuring the whole
+        history every turn grew with the run and was most of durably's own cost per turn
+        (benchmarks/pydantic_ai_turns.py). Each message counts its own brackets, so the
+        sum is a little over the whole list's size, never under.
+        """
+        sizes = self._the_hold().sizes
+        total = 0
+        for message in messages:
+            known = sizes.get(id(message))
+            if known is None or known[0] is not message:
+                known = (message, len(ModelMessagesTypeAdapter.dump_json([message])))
+                sizes[id(message)] = known
+            total += known[1]
+        return total
+
     def _worst(self, request_context: Any) -> WorstCase:
         """The most this request can cost: its size as tokens, plus the output limit."""
-        size = len(ModelMessagesTypeAdapter.dump_json(request_context.messages))
+        size = self._history_size(request_context.messages)
         tools = request_context.model_request_parameters.function_tools
         size += len(json.dumps([(t.name, t.description, t.parameters_json_schema) for t in tools]))
         settings = request_context.model_settings or {}
