@@ -392,3 +392,32 @@ def test_a_tool_needing_approval_without_an_approver_is_refused(tmp_path: Path) 
     with pytest.raises(TypeError, match=r"'post_note' need approval.*AskLater.*PolicyApprover"):
         place.run(approval=frozenset({"post_note"}))
     assert not place.service.effects()
+
+
+def test_a_requests_worst_case_bounds_its_whole_history_measured_once(tmp_path: Path) -> None:
+    """The history's size in a request's worst case is never under the whole history's
+    JSON, though each message is serialized once per run, not once per request.
+    """
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    place = Place(tmp_path)
+    messages = place.run().all_messages()  # type: ignore[attr-defined]
+    _, durable = place.agent()
+    bound = asyncio.run(durable.for_run(None))  # type: ignore[arg-type]
+    dumped: list[object] = []
+    real = ModelMessagesTypeAdapter.dump_json
+
+    for end in range(1, len(messages) + 1):
+        history = messages[:end]
+        size = bound._history_size(history)  # noqa: SLF001 - the bound it computes
+        assert size >= len(real(history))
+        assert size <= len(real(history)) + 2 * end  # each message's own brackets, no more
+
+    def counted(history: object) -> bytes:
+        dumped.append(history)
+        return real(history)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModelMessagesTypeAdapter, "dump_json", counted)
+        assert bound._history_size(messages) > 0  # noqa: SLF001
+    assert dumped == []  # every message was measured already
