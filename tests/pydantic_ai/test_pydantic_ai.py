@@ -421,3 +421,38 @@ def test_a_requests_worst_case_bounds_its_whole_history_measured_once(tmp_path: 
         patch.setattr(ModelMessagesTypeAdapter, "dump_json", counted)
         assert bound._history_size(messages) > 0  # noqa: SLF001
     assert dumped == []  # every message was measured already
+
+
+def test_key_in_meta_sends_the_served_calls_key_in_the_mcp_requests_meta() -> None:
+    """``MCPToolset(process_tool_call=key_in_meta)``: the call goes on with the model's
+    arguments unchanged and the derived key in ``_meta``; outside a served call it refuses.
+    """
+    from durably.frontend import serving
+    from durably.pydantic_ai import key_in_meta
+    from durably.state import utcnow
+    from durably.transports import META_KEY
+
+    sent: list[tuple[str, dict[str, object], dict[str, object] | None]] = []
+
+    async def call_tool(
+        name: str, arguments: dict[str, object], *, metadata: dict[str, object] | None = None
+    ) -> str:
+        sent.append((name, dict(arguments), metadata))
+        return "refunded"
+
+    served = durably.ToolContext(
+        run_id=RUN_ID,
+        call_id="c2",
+        idempotency_key=durably.idempotency_key(RUN_ID, "c2"),
+        workspace=None,
+        clock=utcnow,
+    )
+    with serving(served):
+        got = asyncio.run(key_in_meta(None, call_tool, "refund", {"order": "1042"}))  # type: ignore[arg-type]
+
+    assert got == "refunded"
+    assert sent == [
+        ("refund", {"order": "1042"}, {META_KEY: durably.idempotency_key(RUN_ID, "c2")})
+    ]
+    with pytest.raises(RuntimeError, match="outside a tool call"):
+        asyncio.run(key_in_meta(None, call_tool, "refund", {"order": "1042"}))  # type: ignore[arg-type]

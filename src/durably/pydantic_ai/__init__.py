@@ -22,7 +22,8 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs Pydantic
 from ._durable import Durable as Durable
 from ._durable import RunPaused as RunPaused
 from ._durable import WorkerAgent as WorkerAgent
+from ._durable import key_in_meta as key_in_meta
 from ._durable import tool_context as tool_context
 from ._durable import worker_agent as worker_agent
 
-__all__ = ["Durable", "RunPaused", "WorkerAgent", "tool_context", "worker_agent"]
+__all__ = ["Durable", "RunPaused", "WorkerAgent", "key_in_meta", "tool_context", "worker_agent"]

@@ -64,9 +64,10 @@ from ..state import (
 )
 from ..stores import RunHandle, Store
 from ..tools import LookupFunction, Tool, ToolContext
+from ..transports.mcp import META_KEY
 from ..workspace import Workspace
 
-__all__ = ["Durable", "RunPaused", "WorkerAgent", "tool_context", "worker_agent"]
+__all__ = ["Durable", "RunPaused", "WorkerAgent", "key_in_meta", "tool_context", "worker_agent"]
 
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
@@ -83,6 +84,23 @@ def tool_context() -> ToolContext:
         RuntimeError: called outside a tool call that ``Durable`` is serving.
     """
     return served_tool_context("durably.pydantic_ai", "an agent with the Durable capability")
+
+
+async def key_in_meta(
+    ctx: RunContext[Any], call_tool: Any, name: str, arguments: dict[str, Any]
+) -> Any:
+    """Send the call's idempotency key in the MCP request's ``_meta``, not in its arguments.
+
+    Give it to Pydantic AI's MCP toolset: ``MCPToolset(..., process_tool_call=key_in_meta)``.
+    The key goes under ``io.durably/idempotency-key`` (:data:`durably.transports.META_KEY`),
+    as durably's own MCP transport sends it; a server that deduplicates on it makes the
+    tool ``keyed``. The model's arguments are sent unchanged.
+
+    Raises:
+        RuntimeError: the call is not one ``Durable`` is serving.
+    """
+    key = tool_context().idempotency_key
+    return await call_tool(name, arguments, metadata={META_KEY: key})
 
 
 class RunPaused(frontend.RunPaused):
