@@ -5,7 +5,8 @@ run the model and the tools and hands each reply and call to a
 :class:`~durably.engine.RunSession`. Around that they all need the same few things,
 kept here once: the tool context of the call being served, the pause a person's
 question ends a run with, the run's fingerprint, and the saved reply and result a
-restart hands back instead of asking again.
+restart hands back instead of asking again. :class:`Drivable` is what a worker
+or ``durably resume --agent`` drives, ``durably.Agent`` and each front end's own.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
 from . import faults
 from .approval import Approver
-from .engine import Event, Limits, RunSession, SavePoint
+from .engine import Event, Limits, Outcome, RunSession, SavePoint
 from .errors import DurablyError, RunNotFound
 from .state import (
     AssistantMessage,
@@ -37,6 +38,7 @@ from .tools import Tool, ToolContext
 from .workspace import Workspace
 
 __all__ = [
+    "Drivable",
     "NoArguments",
     "RunPaused",
     "fingerprint",
@@ -47,6 +49,27 @@ __all__ = [
     "served_tool_context",
     "serving",
 ]
+
+
+@runtime_checkable
+class Drivable(Protocol):
+    """An agent that runs on a handle someone else opened (a worker's claim, ``durably resume``).
+
+    ``durably.Agent`` is one; ``durably.pydantic_ai.worker_agent(agent)`` makes one of a
+    Pydantic AI agent. The caller owns the handle and closes it.
+    """
+
+    limits: Limits
+    """The run's limits; ``durably resume --max-resumes`` replaces them before driving."""
+
+    async def start(self, handle: RunHandle, task: str) -> Outcome:
+        """Save a new run of ``task`` through ``handle`` (save point 1) and drive it."""
+        ...
+
+    async def drive(self, handle: RunHandle, state: RunState) -> Outcome:
+        """Carry the run on from ``state``, its last save, until it is done or paused."""
+        ...
+
 
 _SERVED: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("durably_served_tool")
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
 import durably
@@ -138,8 +138,50 @@ def scripted_model(log: durably.CallLog, *, fickle: bool = False) -> FunctionMod
     return FunctionModel(reply, model_name="scripted")
 
 
+def streamed_script(
+    response: ModelResponse, *, text_with_calls: bool
+) -> list[str | DeltaToolCalls]:
+    """``response`` as a model streams it: its text in two chunks, then each call.
+
+    Without ``text_with_calls`` a reply with calls streams only its calls.
+    """
+    chunks: list[str | DeltaToolCalls] = []
+    calls = any(isinstance(p, ToolCallPart) for p in response.parts)
+    for index, part in enumerate(response.parts):
+        if isinstance(part, TextPart) and (text_with_calls or not calls):
+            half = len(part.content) // 2
+            chunks += [part.content[:half], part.content[half:]]
+        elif isinstance(part, ToolCallPart):
+            delta = DeltaToolCall(
+                part.tool_name, part.args_as_json_str(), tool_call_id=part.tool_call_id
+            )
+            chunks.append({index: delta})
+    return chunks
+
+
+def streaming_model(log: durably.CallLog, *, text_with_calls: bool = False) -> FunctionModel:
+    """:func:`scripted_model` that also streams: the same replies, chunk by chunk.
+
+    Streamed, a reply with calls has no text unless ``text_with_calls``: under
+    ``agent.run_stream`` a reply's first text ends the run.
+    """
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(isinstance(m, ModelResponse) for m in messages) + 1
+        log.append(RUN_ID, turn)
+        return script(turn, 0)
+
+    async def stream(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        for chunk in streamed_script(reply(messages, info), text_with_calls=text_with_calls):
+            yield chunk
+
+    return FunctionModel(reply, stream_function=stream, model_name="scripted")
+
+
 def build(
-    store: Store,
+    store: Store | None,
     service: Service,
     log: durably.CallLog,
     *,
@@ -148,10 +190,14 @@ def build(
     limits: durably.Limits | None = None,
     price: durably.Price | None = None,
     approval: frozenset[str] = frozenset(),
+    streaming: bool = False,
+    text_with_calls: bool = False,
 ) -> tuple[Agent[None, str], Durable]:
     """The agent and its ``Durable`` capability, declared as ``config``'s harness declares them.
 
-    The tools named in ``approval`` need a person's yes before each call.
+    The tools named in ``approval`` need a person's yes before each call. ``streaming``
+    gives it a model that streams its replies (the same replies). A worker's agent has
+    no store (None): it runs on the run the worker claimed.
     """
     config = config or Config(name="keys honoured")
 
@@ -195,9 +241,12 @@ def build(
     for name in approval:
         declared[name] = {**declared[name], "needs_approval": True}
     durable = Durable(store, lookups=lookups, approver=approver, limits=limits, price=price)
-    agent: Agent[None, str] = Agent(
-        scripted_model(log, fickle=config.fickle), capabilities=[durable]
+    model = (
+        streaming_model(log, text_with_calls=text_with_calls)
+        if streaming
+        else scripted_model(log, fickle=config.fickle)
     )
+    agent: Agent[None, str] = Agent(model, capabilities=[durable])
 
     @agent.tool(metadata=declared["refund"])
     async def refund(ctx: RunContext[None], order: str, cents: int) -> str:

@@ -392,3 +392,67 @@ def test_a_tool_needing_approval_without_an_approver_is_refused(tmp_path: Path) 
     with pytest.raises(TypeError, match=r"'post_note' need approval.*AskLater.*PolicyApprover"):
         place.run(approval=frozenset({"post_note"}))
     assert not place.service.effects()
+
+
+def test_a_requests_worst_case_bounds_its_whole_history_measured_once(tmp_path: Path) -> None:
+    """The history's size in a request's worst case is never under the whole history's
+    JSON, though each message is serialized once per run, not once per request.
+    """
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    place = Place(tmp_path)
+    messages = place.run().all_messages()  # type: ignore[attr-defined]
+    _, durable = place.agent()
+    bound = asyncio.run(durable.for_run(None))  # type: ignore[arg-type]
+    dumped: list[object] = []
+    real = ModelMessagesTypeAdapter.dump_json
+
+    for end in range(1, len(messages) + 1):
+        history = messages[:end]
+        size = bound._history_size(history)  # noqa: SLF001 - the bound it computes
+        assert size >= len(real(history))
+        assert size <= len(real(history)) + 2 * end  # each message's own brackets, no more
+
+    def counted(history: object) -> bytes:
+        dumped.append(history)
+        return real(history)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModelMessagesTypeAdapter, "dump_json", counted)
+        assert bound._history_size(messages) > 0  # noqa: SLF001
+    assert dumped == []  # every message was measured already
+
+
+def test_key_in_meta_sends_the_served_calls_key_in_the_mcp_requests_meta() -> None:
+    """``MCPToolset(process_tool_call=key_in_meta)``: the call goes on with the model's
+    arguments unchanged and the derived key in ``_meta``; outside a served call it refuses.
+    """
+    from durably.frontend import serving
+    from durably.pydantic_ai import key_in_meta
+    from durably.state import utcnow
+    from durably.transports import META_KEY
+
+    sent: list[tuple[str, dict[str, object], dict[str, object] | None]] = []
+
+    async def call_tool(
+        name: str, arguments: dict[str, object], *, metadata: dict[str, object] | None = None
+    ) -> str:
+        sent.append((name, dict(arguments), metadata))
+        return "refunded"
+
+    served = durably.ToolContext(
+        run_id=RUN_ID,
+        call_id="c2",
+        idempotency_key=durably.idempotency_key(RUN_ID, "c2"),
+        workspace=None,
+        clock=utcnow,
+    )
+    with serving(served):
+        got = asyncio.run(key_in_meta(None, call_tool, "refund", {"order": "1042"}))  # type: ignore[arg-type]
+
+    assert got == "refunded"
+    assert sent == [
+        ("refund", {"order": "1042"}, {META_KEY: durably.idempotency_key(RUN_ID, "c2")})
+    ]
+    with pytest.raises(RuntimeError, match="outside a tool call"):
+        asyncio.run(key_in_meta(None, call_tool, "refund", {"order": "1042"}))  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     # (inspect, importlib and json too).
     from rich.console import Console
 
+    from ..stores import Store
 
 __all__ = ["add_person_commands", "choose_store", "load_factory"]
 
@@ -98,10 +99,14 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 
 def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
-    """Call an agent factory: with the run ID when it takes an argument, else with none."""
+    """Call an agent factory: with the run ID when it takes an argument, else with none.
+
+    It may build a ``durably.Agent`` or any front end's
+    :class:`~durably.frontend.Drivable` (``durably.pydantic_ai.worker_agent(agent)``).
+    """
     import inspect
 
-    from ..loop import Agent
+    from ..frontend import Drivable
 
     try:
         required = [
@@ -113,8 +118,14 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     except (TypeError, ValueError):
         required = []
     agent = factory(run_id) if required else factory()
-    if not isinstance(agent, Agent):
-        raise ValueError(f"the factory returned {type(agent).__name__}, not a durably.Agent")
+    if not isinstance(agent, Drivable):
+        kind = type(agent)
+        hint = (
+            "; wrap a Pydantic AI agent with durably.pydantic_ai.worker_agent(agent)"
+            if kind.__module__.startswith("pydantic_ai")
+            else ""
+        )
+        raise ValueError(f"the factory returned {kind.__name__}, not a durably.Agent{hint}")
     return agent
 
 
@@ -242,10 +253,21 @@ def _answerer() -> str:
 # -- durably resume ----------------------------------------------------------------------
 
 
+async def _drive_on(store: Store, agent: Any, run_id: str) -> Any:
+    """Open ``run_id`` in ``store`` and let ``agent`` drive it (what ``Agent.resume`` does)."""
+    from ..engine import shielded
+
+    handle, state = await store.open(run_id)
+    try:
+        return await agent.drive(handle, state)
+    finally:
+        await shielded(handle.close())
+
+
 def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..loop import Limits, shielded
+    from ..loop import Limits
 
     try:
         factory = load_factory(args.agent)
@@ -266,19 +288,16 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
                 max_resumes=args.max_resumes,
             )
         if choice is None:
-            if agent.store is None:
+            own = getattr(agent, "store", None)
+            if own is None:
                 raise ValueError(
                     f"the agent {args.agent} builds has no store (a worker's agent?): "
                     "name the store: a directory, --state DIR or --dsn"
                 )
-            return await agent.resume(args.run)
+            return await _drive_on(own, agent, args.run)
         async with opened_store(choice) as store:
             # The agent's own store is not used: the loop drives the run opened here.
-            handle, state = await store.open(args.run)
-            try:
-                return await agent.drive(handle, state)
-            finally:
-                await shielded(handle.close())
+            return await _drive_on(store, agent, args.run)
 
     try:
         outcome = asyncio.run(go())

@@ -4,8 +4,10 @@ A run is started by a worker when it was *submitted* (:func:`submit` records a
 queued run: an ID, an agent name and a task, no state yet), and resumed by any
 worker when the process that ran it died (its lease expired). Agents are found
 by name in a :class:`Registry`: ``register(name, factory)`` with
-``factory(run_id) -> Agent``. The agent needs no store: the worker hands it the
-handle of the run it claimed.
+``factory(run_id) -> Agent``, a ``durably.Agent`` or any front end's
+:class:`~durably.frontend.Drivable` (a Pydantic AI agent through
+``durably.pydantic_ai.worker_agent(agent)``). The agent needs no store: the worker
+hands it the handle of the run it claimed.
 
 :func:`work` loops until told to stop: it claims up to ``concurrency`` runs
 whose lease is absent or expired (:func:`durably.postgres.queue.claim`, one
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..engine import Outcome, shielded
 from ..errors import (
     CheckpointCorrupt,
     CheckpointTooNew,
@@ -49,8 +52,8 @@ from ..errors import (
     RunError,
     UnsafePath,
 )
+from ..frontend import Drivable
 from ..keys import new_run_id
-from ..loop import Agent, Outcome, shielded
 from .queue import Claim, claim, enqueue, park
 from .store import PostgresRun, PostgresStore
 
@@ -71,9 +74,11 @@ __all__ = [
 
 log = logging.getLogger("durably.worker")
 
-AgentFactory = Callable[[str], Agent]
-"""Builds the agent for one run, given its ID. The agent needs no store (the
-worker drives it on the handle of the run it claimed); one it has is not used."""
+AgentFactory = Callable[[str], Drivable]
+"""Builds the agent for one run, given its ID: a ``durably.Agent``, or a front end's
+:class:`~durably.frontend.Drivable` (``durably.pydantic_ai.worker_agent(agent)``). The
+agent needs no store (the worker drives it on the handle of the run it claimed); one
+it has is not used."""
 
 AGENTS_ENTRY_POINTS = "durably.agents"
 """The entry-point group of packages that register agents with every worker
@@ -287,6 +292,8 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
                 agent = registration.factory(run_id)
             except Exception as exc:
                 raise _FactoryFailed(f"{type(exc).__name__}: {exc}") from exc
+            if not isinstance(agent, Drivable):
+                raise _FactoryFailed(_not_drivable(claimed.agent, agent))
             if state is None:
                 report.started += 1
                 log.info("starting %s (%s)", run_id, claimed.agent)
@@ -319,6 +326,20 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
             _count(outcome, report)
     finally:
         await shielded(handle.close(release=release))
+
+
+def _not_drivable(name: str, agent: object) -> str:
+    """Why a factory's product cannot be run, and what to register instead."""
+    kind = type(agent)
+    hint = (
+        "; wrap a Pydantic AI agent with durably.pydantic_ai.worker_agent(agent)"
+        if kind.__module__.startswith("pydantic_ai")
+        else ""
+    )
+    return (
+        f"the factory of agent {name!r} returned a {kind.__module__}.{kind.__qualname__}, "
+        f"which has no start(handle, task) and drive(handle, state){hint}"
+    )
 
 
 class _FactoryFailed(Exception):

@@ -17,13 +17,19 @@ Each hook maps to the engine (:class:`durably.engine.RunSession`) and owns nothi
 
 Nothing is replayed but saved replies and saved results, so neither the model nor
 the tools need to be deterministic.
+
+:func:`worker_agent` makes an agent with ``Durable`` something a Postgres worker or
+``durably resume --agent`` drives: its runs open on the handle they are given (a
+worker's claim) instead of the capability's own store.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,7 +47,7 @@ from pydantic_core import to_json
 
 from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
-from ..engine import Event, Limits, Outcome, RunSession, shielded
+from ..engine import Decisions, Event, Limits, Outcome, RunSession, shielded
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
@@ -49,16 +55,19 @@ from ..state import (
     AssistantMessage,
     Effect,
     Phase,
+    RunState,
     ToolCall,
     ToolResult,
     Usage,
+    UserMessage,
     utcnow,
 )
-from ..stores import Store
+from ..stores import RunHandle, Store
 from ..tools import LookupFunction, Tool, ToolContext
+from ..transports.mcp import META_KEY
 from ..workspace import Workspace
 
-__all__ = ["Durable", "RunPaused", "tool_context"]
+__all__ = ["Durable", "RunPaused", "WorkerAgent", "key_in_meta", "tool_context", "worker_agent"]
 
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
@@ -77,6 +86,23 @@ def tool_context() -> ToolContext:
     return served_tool_context("durably.pydantic_ai", "an agent with the Durable capability")
 
 
+async def key_in_meta(
+    ctx: RunContext[Any], call_tool: Any, name: str, arguments: dict[str, Any]
+) -> Any:
+    """Send the call's idempotency key in the MCP request's ``_meta``, not in its arguments.
+
+    Give it to Pydantic AI's MCP toolset: ``MCPToolset(..., process_tool_call=key_in_meta)``.
+    The key goes under ``io.durably/idempotency-key`` (:data:`durably.transports.META_KEY`),
+    as durably's own MCP transport sends it; a server that deduplicates on it makes the
+    tool ``keyed``. The model's arguments are sent unchanged.
+
+    Raises:
+        RuntimeError: the call is not one ``Durable`` is serving.
+    """
+    key = tool_context().idempotency_key
+    return await call_tool(name, arguments, metadata={META_KEY: key})
+
+
 class RunPaused(frontend.RunPaused):
     """Raised from ``agent.run`` when a call waits for a person; answer with ``durably answer``.
 
@@ -92,6 +118,22 @@ async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
     raise RuntimeError("a Pydantic AI tool runs through its own handler, not this function")
 
 
+@dataclass
+class _Given:
+    """A run opened by someone else (a worker's claim), for the next ``wrap_run`` of its ID."""
+
+    handle: RunHandle
+    state: RunState
+    fresh: bool
+    decisions: Decisions = field(default_factory=dict)
+    taken: bool = False
+
+
+_GIVEN: contextvars.ContextVar[_Given | None] = contextvars.ContextVar(
+    "durably_pydantic_ai_given", default=None
+)
+
+
 class _Hold:
     """One run's hold, made per run by ``for_run``: the session and where the run is."""
 
@@ -99,6 +141,8 @@ class _Hold:
         self.session: RunSession | None = None
         self.turn = 0
         self.tools: dict[str, Tool] | None = None
+        self.sizes: dict[int, tuple[object, int]] = {}
+        """Each history message's size as JSON, by ``id`` (the message kept, so no ID is reused)."""
 
 
 class Durable(AbstractCapability[Any]):
@@ -111,7 +155,8 @@ class Durable(AbstractCapability[Any]):
     model call.
 
     Args:
-        store: where runs live (file, journal or Postgres store).
+        store: where runs live (file, journal or Postgres store); None for an agent
+            that runs only on the handles a worker gives it (:func:`worker_agent`).
         default_effect: the effect of a tool whose metadata declares none.
         lookups: by tool name, how to ask the service whether an in-doubt call
             happened (``async def(ctx: ToolContext, **arguments) -> Lookup``).
@@ -131,7 +176,7 @@ class Durable(AbstractCapability[Any]):
 
     def __init__(
         self,
-        store: Store,
+        store: Store | None = None,
         *,
         default_effect: Effect | None = None,
         lookups: Mapping[str, LookupFunction] | None = None,
@@ -173,12 +218,12 @@ class Durable(AbstractCapability[Any]):
         Saved replies and results are given back without calling the model or the
         tools; the run goes on from its first unanswered call.
         """
-        state = await self.store.read(run_id)
+        state = await self._the_store().read(run_id)
         return await agent.run(state.task, run_id=run_id, **run_options)
 
     async def outcome(self, run_id: str) -> Outcome:
         """What the run's last save says: done with its answer, or paused with its questions."""
-        return Outcome.from_state(await self.store.read(run_id))
+        return Outcome.from_state(await self._the_store().read(run_id))
 
     # -- the hooks --------------------------------------------------------------------
 
@@ -192,9 +237,15 @@ class Durable(AbstractCapability[Any]):
         """Open (or start) the run under its lock for the whole of ``agent.run``."""
         hold = self._the_hold()
         run_id = validate_run_id(ctx.run_id or "")
-        handle, state, fresh = await frontend.open_or_create(
-            self.store, run_id, lambda: _prompt_text(ctx.prompt), clock=self.clock
-        )
+        given = _GIVEN.get()
+        if given is not None and not given.taken and given.handle.run_id == run_id:
+            given.taken = True  # the caller (a worker) owns the handle and closes it
+            handle, state, fresh, owned = given.handle, given.state, given.fresh, False
+        else:
+            handle, state, fresh = await frontend.open_or_create(
+                self._the_store(), run_id, lambda: _prompt_text(ctx.prompt), clock=self.clock
+            )
+            owned = True
         try:
             session = hold.session = await frontend.opened_session(
                 handle,
@@ -206,12 +257,15 @@ class Durable(AbstractCapability[Any]):
                 workspace=self.workspace,
                 observer=self.observer,
             )
+            if given is not None and given.taken and given.decisions:
+                await session.apply_decisions(given.decisions)
             result = await handler()
             if state.phase is Phase.DONE:
                 session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
             return result
         finally:
-            await shielded(handle.close())
+            if owned:
+                await shielded(handle.close())
 
     async def prepare_tools(
         self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]
@@ -298,6 +352,16 @@ class Durable(AbstractCapability[Any]):
             return _replayed(saved)
         tool = (hold.tools or {}).get(tool_def.name) or self._tool(tool_def)
         pending = session.open_calls().get(call.tool_call_id)
+        if pending is None and state.model_call is not None:
+            # agent.run_stream ends at a reply's first text and runs that reply's calls
+            # while the reply is still streaming, so it cannot be saved before they run.
+            raise ValueError(
+                f"run {state.run_id!r}: call {call.tool_call_id!r} of tool {tool_def.name!r} "
+                "belongs to a reply still streaming (agent.run_stream runs the calls of the "
+                "reply whose text ends the stream before the reply is complete); durably saves "
+                "a reply before its calls run: stream with agent.run_stream_events or "
+                "agent.iter, or have the model reply with text only in its last turn"
+            )
         if pending is None:
             raise ValueError(
                 f"run {state.run_id!r}: call {call.tool_call_id!r} of tool {tool_def.name!r} "
@@ -332,6 +396,15 @@ class Durable(AbstractCapability[Any]):
         if self._hold is None:
             raise RuntimeError("Durable's hooks run only inside an agent run (after for_run)")
         return self._hold
+
+    def _the_store(self) -> Store:
+        if self.store is None:
+            raise ValueError(
+                "Durable(store=None) runs only on the handles a worker gives it "
+                "(durably.pydantic_ai.worker_agent); give Durable a store to run agent.run "
+                "or Durable.resume yourself"
+            )
+        return self.store
 
     def _session(self) -> RunSession:
         session = self._the_hold().session
@@ -371,9 +444,28 @@ class Durable(AbstractCapability[Any]):
             lookup=self.lookups.get(definition.name),
         )
 
+    def _history_size(self, messages: list[Any]) -> int:
+        """The request's history as JSON bytes, each message measured once per run.
+
+        Pydantic AI keeps a run's history as one list of the same message objects, a
+        request's new ones appended, so only those are serialized: measuring the whole
+        history every turn grew with the run and was most of durably's own cost per turn
+        (benchmarks/pydantic_ai_turns.py). Each message counts its own brackets, so the
+        sum is a little over the whole list's size, never under.
+        """
+        sizes = self._the_hold().sizes
+        total = 0
+        for message in messages:
+            known = sizes.get(id(message))
+            if known is None or known[0] is not message:
+                known = (message, len(ModelMessagesTypeAdapter.dump_json([message])))
+                sizes[id(message)] = known
+            total += known[1]
+        return total
+
     def _worst(self, request_context: Any) -> WorstCase:
         """The most this request can cost: its size as tokens, plus the output limit."""
-        size = len(ModelMessagesTypeAdapter.dump_json(request_context.messages))
+        size = self._history_size(request_context.messages)
         tools = request_context.model_request_parameters.function_tools
         size += len(json.dumps([(t.name, t.description, t.parameters_json_schema) for t in tools]))
         settings = request_context.model_settings or {}
@@ -418,3 +510,121 @@ def _replayed(saved: ToolResult) -> str:
     if saved.is_error:
         raise ModelRetry(saved.content)
     return saved.content
+
+
+class WorkerAgent:
+    """A Pydantic AI agent with :class:`Durable`, driven on a handle its caller owns.
+
+    What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
+    worker_agent(build_agent()))``) and what ``durably resume RUN STORE --agent
+    MODULE:FACTORY`` resumes: :meth:`start` saves a new run's first state through
+    the handle and runs ``agent.run``; :meth:`drive` carries a saved run on with
+    ``agent.run`` of its saved task. Both return the run's :class:`~durably.Outcome`
+    (a run that waits for a person is ``paused``, not an exception), as
+    ``durably.Agent`` does. The capability's own store is not used.
+
+    Build it with :func:`worker_agent`.
+    """
+
+    def __init__(self, agent: Any, durable: Durable, run_options: Mapping[str, Any]) -> None:
+        self.agent = agent
+        self.durable = durable
+        self.run_options = dict(run_options)
+
+    @property
+    def limits(self) -> Limits:
+        """The capability's limits (``durably resume --max-resumes`` replaces them)."""
+        return self.durable.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self.durable.limits = limits
+
+    @property
+    def store(self) -> Store | None:
+        """The capability's store: where ``durably resume --agent`` with no store looks."""
+        return self.durable.store
+
+    async def start(self, handle: RunHandle, task: str) -> Outcome:
+        """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
+
+        The first state is saved through ``handle`` (save point 1), then the agent
+        runs until it is done or paused. The caller owns ``handle`` and closes it.
+        """
+        text = _prompt_text(task)
+        state = RunState(
+            run_id=handle.run_id,
+            task=text,
+            created_at=self.durable.clock(),
+            messages=[UserMessage(text=text)],
+        )
+        await shielded(handle.save(state))  # SavePoint.START
+        return await self._run(_Given(handle=handle, state=state, fresh=True))
+
+    async def drive(
+        self, handle: RunHandle, state: RunState, *, decisions: Decisions | None = None
+    ) -> Outcome:
+        """Carry a run on from ``state``, its last save, through ``handle``.
+
+        The restart is counted and the agent's fingerprint checked as on any
+        resume; ``decisions`` answer questions the run waits for (see
+        ``durably.Agent.resume``). The caller owns ``handle`` and closes it.
+
+        Raises:
+            ValueError: ``state`` is not the state of ``handle``'s run.
+        """
+        if state.run_id != handle.run_id:
+            raise ValueError(f"the state of run {state.run_id!r} given with run {handle.run_id!r}")
+        if state.phase is Phase.DONE:
+            return Outcome.from_state(state)  # finished: free, no model or tool call
+        return await self._run(
+            _Given(handle=handle, state=state, fresh=False, decisions=dict(decisions or {}))
+        )
+
+    async def resume(self, run_id: str, *, decisions: Decisions | None = None) -> Outcome:
+        """Open ``run_id`` in the capability's store and :meth:`drive` it."""
+        handle, state = await self.durable._the_store().open(run_id)  # noqa: SLF001 - its own
+        try:
+            return await self.drive(handle, state, decisions=decisions)
+        finally:
+            await shielded(handle.close())
+
+    async def _run(self, given: _Given) -> Outcome:
+        token = _GIVEN.set(given)
+        try:
+            await self.agent.run(given.state.task, run_id=given.handle.run_id, **self.run_options)
+        except RunPaused:
+            pass  # saved as paused with its questions: the outcome says so
+        finally:
+            _GIVEN.reset(token)
+        if not given.taken:  # pragma: no cover - worker_agent found the capability
+            raise RuntimeError(f"the agent ran run {given.handle.run_id!r} without Durable")
+        return Outcome.from_state(given.state)
+
+
+def worker_agent(agent: Any, **run_options: Any) -> WorkerAgent:
+    """``agent`` (a Pydantic AI agent with :class:`Durable`) as a worker drives it.
+
+    Register it with a Postgres worker (``durably.postgres.register(name, lambda run_id:
+    worker_agent(build()))``) or name its factory in ``durably resume --agent``.
+    ``run_options`` go to every ``agent.run`` (``deps=...``, ``model_settings=...``).
+
+    Raises:
+        TypeError: ``agent`` is not a Pydantic AI agent, or has no ``Durable`` capability.
+    """
+    root = getattr(agent, "root_capability", None)
+    if root is None:
+        raise TypeError(
+            f"worker_agent takes a pydantic_ai.Agent, got {type(agent).__name__}; a "
+            "durably.Agent is registered as it is"
+        )
+    found: list[Durable] = []
+    root.apply(
+        lambda capability: found.append(capability) if isinstance(capability, Durable) else None
+    )
+    if len(found) != 1:
+        raise TypeError(
+            f"worker_agent needs an agent with exactly one Durable capability, found {len(found)}: "
+            "build it as Agent(model, capabilities=[durably.pydantic_ai.Durable(...)])"
+        )
+    return WorkerAgent(agent, found[0], run_options)
