@@ -24,10 +24,10 @@ from durably.sweep import (
     World,
     assert_clean,
     digest_files,
+    pool,
     run_sweep,
     scratch_root,
 )
-from durably.sweep import core as sweep_core
 from durably.sweep.powerloss import run_power_loss_sweep
 from durably.sweep.tree import Tree, Uncopyable
 
@@ -258,7 +258,7 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
             raise RuntimeError("no agent today")
 
     try:
-        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)  # noqa: SLF001 -- the test is about the sweep's worker warm-up
+        pool.warm_up(Unbuildable(), CONFIGS[0], None)
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err

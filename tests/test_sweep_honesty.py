@@ -18,8 +18,17 @@ from typing import Any
 import pytest
 
 from _helpers.mutants import ENV
-from durably.sweep import CONFIGS, Config, ScenarioResult, SweepReport, assert_clean, run_sweep
-from durably.sweep import core as sweep_core
+from durably.sweep import (
+    CONFIGS,
+    Config,
+    ScenarioResult,
+    SweepReport,
+    assert_clean,
+    labelled,
+    run_sweep,
+)
+from durably.sweep import batch as sweep_batch
+from durably.sweep.judge import distinct
 
 TESTS = Path(__file__).parent
 SITE = TESTS / "_helpers" / "mutant_site"
@@ -91,7 +100,7 @@ def test_a_clean_report_has_no_problem() -> None:
 def test_assert_clean_raises_on_an_errored_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pytest helper fails on a sweep whose only flaw is an errored scenario."""
     errored = _report(_result(PROTECTED, 1, error="restart 1 failed (status 256)"))
-    monkeypatch.setattr(sweep_core, "run_sweep", lambda *a, **k: errored)
+    monkeypatch.setattr(labelled, "run_sweep", lambda *a, **k: errored)
     with pytest.raises(AssertionError, match="1 of 1 scenarios errored"):
         assert_clean(object(), configs=[PROTECTED])  # type: ignore[arg-type]
 
@@ -187,14 +196,14 @@ def test_a_scenario_leaves_no_descriptor_open_in_its_worker() -> None:
     from durably.triage.job import TriageJob
 
     job, config = TriageJob(), CONFIGS[0]
-    labels, prints, reference = sweep_core._record_points(job, config, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+    labels, prints, reference = labelled.record_points(job, config, None)
     groups = [
-        sweep_core._Group(config, index, labels[index - 1], covers, 1)  # noqa: SLF001 -- the test is about the sweep's per-group caching
-        for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+        sweep_batch.Group(config, index, labels[index - 1], covers, 1)
+        for index, covers in distinct(prints)
     ][-4:]  # the last points: the run's whole checkpoint is read at each
-    sweep_core._run_group(job, groups[0], reference, None)  # noqa: SLF001 -- caches fill on the first group
+    sweep_batch.run_group(job, groups[0], reference, None)
     before = _open_descriptors()
     for group in groups[1:]:
-        (result,) = sweep_core._run_group(job, group, reference, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+        (result,) = sweep_batch.run_group(job, group, reference, None)
         assert result.error is None
     assert _open_descriptors() == before
