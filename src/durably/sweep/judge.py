@@ -18,7 +18,16 @@ from .job import SweepJob
 from .process import WINDOW_END
 from .world import RUN_ID, World
 
-__all__ = ["ScenarioResult", "ScenarioSpec", "count_saved_turns", "judge_scenario"]
+__all__ = [
+    "ScenarioResult",
+    "ScenarioSpec",
+    "count_saved_turns",
+    "distinct",
+    "duplicates_and_lost",
+    "judge_scenario",
+    "paid_again",
+    "recovery_window",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +109,18 @@ def count_saved_turns(world: World) -> int:
         return 0
 
 
+def duplicates_and_lost(reference: Counter[str], effects: Counter[str]) -> tuple[int, int]:
+    """The one rule every sweep judges effects by: (duplicated, lost) against ``reference``.
+
+    ``reference`` is what the receivers performed in an uncrashed run. An effect
+    performed more often is duplicated by the difference, one performed less
+    often (or never) is lost by it.
+    """
+    duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
+    lost = sum(max(0, n - effects[e]) for e, n in reference.items())
+    return duplicates, lost
+
+
 def judge_scenario(
     job: SweepJob,
     world: World,
@@ -113,9 +134,7 @@ def judge_scenario(
     state: RunState | None = None,
 ) -> ScenarioResult:
     """Judge the world a scenario left; ``state``, if given, is its saved state, read already."""
-    effects = job.effects(world)
-    duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
-    lost = sum(max(0, n - effects[e]) for e, n in reference.items())
+    duplicates, lost = duplicates_and_lost(reference, job.effects(world))
     questions = 0
     if world.questions_log.exists():
         questions = len(world.questions_log.read_text().splitlines())

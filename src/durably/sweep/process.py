@@ -15,14 +15,23 @@ import signal
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import faults
 from . import _output
 from .job import SweepApprover, SweepJob
 from .world import RUN_ID, World
 
-__all__ = ["WINDOW_END", "run_in_child", "run_process", "run_scenario_process", "was_killed"]
+__all__ = [
+    "LABELS",
+    "WINDOW_END",
+    "Kill",
+    "LabelKill",
+    "run_in_child",
+    "run_process",
+    "run_scenario_process",
+    "was_killed",
+]
 
 WINDOW_END = "loop.saved.reply"
 """The label that closes a restart's recovery window (its first saved model reply)."""
@@ -164,3 +173,50 @@ def run_process(
 def was_killed(status: int) -> bool:
     """Whether a child's wait status says SIGKILL ended it."""
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+class Kill(Protocol):
+    """A kill method: how one process of a scenario runs, and how it is killed where planned.
+
+    Each sweep enumerates its own kill points and numbers them its own way
+    (a labelled point's index, a system call's ``when=`` count); the engine
+    (:func:`durably.sweep.engine.restart_and_judge`) asks the kill method for a
+    process dying at one of them, or for an unkilled one (``at`` None).
+    """
+
+    exact: bool
+    """A planned kill always lands (the kill method counts exactly what it kills at):
+    a planned kill that did not happen, or a run still unfinished after every
+    restart, is then the harness's error, not a finding."""
+
+    def process(
+        self, job: SweepJob, world: World, *, first: bool, at: int | None, record: Path | None
+    ) -> int:
+        """Start (``first``) or resume the run in a child, dying at ``at``; its wait status.
+
+        With ``record``, the process's crash points and fingerprints are written there.
+        """
+        ...
+
+
+class LabelKill:
+    """The labelled kill method: the process SIGKILLs itself at its ``at``-th crash point.
+
+    A restart that records (``record``) fingerprints only its recovery window
+    (see :func:`run_scenario_process`).
+    """
+
+    exact = False
+
+    def process(
+        self, job: SweepJob, world: World, *, first: bool, at: int | None, record: Path | None
+    ) -> int:
+        """:func:`run_scenario_process` under ``faults.CrashPlan(at=at)``."""
+        plan = faults.CrashPlan(at=at) if at is not None else faults.CrashPlan()
+        return run_scenario_process(
+            job, world, first=first, plan=plan, record=record, window_only=True
+        )
+
+
+LABELS = LabelKill()
+"""The labelled kill method; also how every unkilled restart runs."""

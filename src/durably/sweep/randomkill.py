@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .judge import duplicates_and_lost
+
 __all__ = ["DemoJob", "DemoOutcome", "RandomReport", "RandomRun", "run_random_sweep"]
 
 STORES: tuple[str, ...] = ("journal", "snapshot")
@@ -231,9 +233,7 @@ def _one_run(
             total = len(outcome.checks)
             passed = sum(1 for _, ok, _ in outcome.checks if ok)
             failed = tuple(f"{name}: {reason}" for name, ok, reason in outcome.checks if not ok)
-            effects = outcome.effects
-            duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
-            lost = sum(max(0, n - effects[e]) for e, n in reference.items())
+            duplicates, lost = duplicates_and_lost(reference, outcome.effects)
             if code != 0 and not failed:
                 error = f"the last process exited {code}"
     return RandomRun(

@@ -7,8 +7,9 @@ from typing import Any
 
 from .config import Config
 from .judge import ScenarioResult
+from .strace import KINDS
 
-__all__ = ["Row", "SweepReport"]
+__all__ = ["Row", "SweepReport", "SyscallReport"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,4 +133,63 @@ class SweepReport:
             "problems": problems,
             "rows": [asdict(r) | {"clean": r.clean, "swept": r.swept} for r in self.rows()],
             "scenarios": [asdict(s) for s in self.results],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyscallReport:
+    """The sweep's table (rows per store and depth) and the kills per call kind."""
+
+    report: SweepReport
+    kinds: dict[tuple[str, int, str], tuple[int, int]]
+    """(store, depth, kind) -> (kill points, real kills)."""
+    unreachable: dict[str, int]
+    """Per store: kill points strace's per-thread counter could not reach."""
+    sample: int | None
+
+    def problems(self) -> list[str]:
+        """Why the sweep fails: a row not clean, an errored scenario, an empty row."""
+        found = list(self.report.problems())
+        for row in self.report.rows():
+            if row.scenarios == 0:
+                found.append(f"{row.config} (depth {row.depth}) ran no scenario")
+        for result in self.report.results:
+            if result.error:
+                found.append(f"{result.config} {' then '.join(result.crashes)}: {result.error}")
+        return found
+
+    def kinds_text(self) -> str:
+        """Kill points and real kills per call kind, per store and depth."""
+        stores = [c.name for c in self.report.configs]
+        depths = range(1, self.report.depth + 1)
+        header = f"{'call':<10}" + "".join(f" {f'{s} d{d}':>20}" for s in stores for d in depths)
+        lines = ["kill points / real kills per call kind", header, "-" * len(header)]
+        for kind in KINDS:
+            cells = []
+            for s in stores:
+                for d in depths:
+                    points, kills = self.kinds.get((s, d, kind), (0, 0))
+                    cells.append(f" {f'{points} / {kills}':>20}")
+            lines.append(f"{kind:<10}" + "".join(cells))
+        unreachable = ", ".join(f"{s} {n}" for s, n in self.unreachable.items())
+        lines.append(f"unreachable by strace's per-thread counter: {unreachable}")
+        return "\n".join(lines) + "\n"
+
+    def text(self) -> str:
+        """The table, in the labelled sweep's format, then the kinds."""
+        title = "system-call sweep" + (
+            f" (sample: at most {self.sample} kills per call kind)" if self.sample else ""
+        )
+        table = self.report.text().replace("sweep of", f"{title} of", 1)
+        return table + "\n" + self.kinds_text()
+
+    def to_json(self) -> dict[str, Any]:
+        """Rows, scenarios and kinds, for machines."""
+        return self.report.to_json() | {
+            "sample": self.sample,
+            "kinds": [
+                {"store": s, "depth": d, "kind": k, "points": p, "kills": n}
+                for (s, d, k), (p, n) in sorted(self.kinds.items())
+            ],
+            "unreachable": self.unreachable,
         }

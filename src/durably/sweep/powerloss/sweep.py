@@ -19,7 +19,8 @@ whole job: the run must then *resume* on that disk and finish correctly.
    loads the run with a fresh, normal store (it must be the last save that
    returned or the save in progress; ``RunNotFound`` only before the first save
    returned), then resumes the run to completion in forked children, as
-   :mod:`durably.sweep.core` does, and judges it with the crash sweep's judge
+   every sweep does (:func:`durably.sweep.engine.restart_and_judge`), and judges it with the
+   crash sweep's judge
    (duplicates and losses against the crash-free run's effects, questions,
    replies paid twice, failed checks).
 
@@ -59,19 +60,13 @@ from ...errors import RunNotFound
 from ...state import RunState
 from ...stores.file import FileRun, FileStore
 from ...stores.journal import JournalStore
-from ..core import (
-    RUN_ID,
-    Config,
-    ScenarioResult,
-    ScenarioSpec,
-    SweepApprover,
-    SweepJob,
-    World,
-    check_jobs,
-    restart_and_judge,
-    run_in_child,
-    scenario_workers,
-)
+from ..config import Config
+from ..engine import restart_and_judge
+from ..job import SweepApprover, SweepJob
+from ..judge import ScenarioResult, ScenarioSpec
+from ..pool import check_jobs, scenario_workers
+from ..process import run_in_child
+from ..world import RUN_ID, World
 from .checks import Kind, Violation
 from .model import PowerLossFS
 
