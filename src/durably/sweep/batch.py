@@ -24,7 +24,7 @@ from .config import Config
 from .engine import restart_and_judge
 from .job import SweepJob
 from .judge import ScenarioResult, ScenarioSpec, count_saved_turns, judge_scenario, paid_again
-from .process import Recorder, run_process, run_scenario_process, was_killed
+from .process import LABELS, Recorder, run_process, was_killed
 from .tree import Tree, Uncopyable
 from .world import RUN_ID, StoreFactory, World, scratch_root
 
@@ -273,9 +273,7 @@ def _run_scenario(
 
 def _first_process(job: SweepJob, world: World, point: int) -> str | None:
     """Start the run in a process that SIGKILLs itself at ``point``; the error, if it did not."""
-    status = run_scenario_process(
-        job, world, first=True, plan=faults.CrashPlan(at=point), record=None
-    )
+    status = LABELS.process(job, world, first=True, at=point, record=None)
     if not was_killed(status):
         return f"the first process did not die at point {point} (status {status})"
     return None

@@ -9,7 +9,7 @@ from typing import Literal
 from ..state import Effect
 from ..tools import Found, Lookup, Tool, ToolContext
 
-__all__ = ["CONFIGS", "Config"]
+__all__ = ["CONFIGS", "Config", "check_knobs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,8 +26,15 @@ class Config:
     """Tools keep their lookups (without, an in-doubt write goes to a person)."""
     fickle: bool = False
     """The model answers differently when asked again for a reply it gave."""
-    refile_guard: bool = True
-    """The tracker refuses a second filing for a cause (without, it shows as a duplicate)."""
+    knobs: frozenset[str] = frozenset()
+    """Switches of the job's own world, by name, turned on in this configuration.
+
+    The job owns them: it lists the ones it knows in its ``knobs`` attribute
+    (a mapping of name to meaning) and reads them from ``world.config``; the
+    sweep refuses a configuration whose knob the job does not know. The triage
+    demo's ``"no refile guard"`` takes away its tracker's refusal of a second
+    filing.
+    """
     baseline: Literal["naive-retry", "at-most-once"] | None = None
     """A deliberately broken policy that the sweep must show failing."""
 
@@ -63,13 +70,29 @@ CONFIGS: tuple[Config, ...] = (
     Config(name="keys ignored", honour_keys=False),
     Config(name="fickle model", fickle=True),
     Config(name="lookups off", honour_keys=False, lookups=False),
-    Config(name="no refile guard", honour_keys=False, refile_guard=False),
+    Config(name="no refile guard", honour_keys=False, knobs=frozenset({"no refile guard"})),
     Config(name="naive retry", honour_keys=False, baseline="naive-retry"),
     Config(name="at-most-once", honour_keys=False, baseline="at-most-once"),
 )
 """The default configurations: five protected worlds, two baselines.
 
 "lookups off" sends every in-doubt write to a person (ladder step 3); "no refile
-guard" takes away the tracker's own refusal of a second filing, which would
-otherwise hide a write run twice.
+guard" turns on the triage job's knob of that name, which takes away the
+tracker's own refusal of a second filing (it would otherwise hide a write run
+twice).
 """
+
+
+def check_knobs(job: object, configs: Sequence[Config]) -> None:
+    """Refuse a configuration that turns on a knob ``job`` does not list in its ``knobs``."""
+    known = getattr(job, "knobs", {})
+    for config in configs:
+        unknown = sorted(config.knobs - set(known))
+        if unknown:
+            name = getattr(job, "name", type(job).__name__)
+            offer = ", ".join(repr(k) for k in sorted(known)) or "none"
+            raise ValueError(
+                f"configuration {config.name!r} turns on the knob(s) "
+                f"{', '.join(repr(k) for k in unknown)}, which the job {name!r} does not know "
+                f"(it knows: {offer}); a job lists its knobs in its `knobs` attribute"
+            )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from ..approval import ApprovalRequest, Approver, Done, Rerun, ResolveRequest, Yes
@@ -11,7 +13,7 @@ from ..models import CallLog
 from ..state import RunState
 from .world import World
 
-__all__ = ["SweepAgent", "SweepApprover", "SweepJob"]
+__all__ = ["CommandJob", "DemoOutcome", "SweepAgent", "SweepApprover", "SweepJob"]
 
 
 class SweepAgent(Protocol):
@@ -30,7 +32,13 @@ class SweepAgent(Protocol):
 
 
 class SweepJob(Protocol):
-    """What the sweep needs from a job: a world to build, an agent to run, a way to judge."""
+    """What every sweep needs from a job: a world to build, an agent to run, a way to judge.
+
+    The one job protocol. A job may also list the knobs of its own world that a
+    configuration can turn on (``knobs``: name to meaning; see
+    :attr:`durably.sweep.Config.knobs`), and be run as a user runs it
+    (:class:`CommandJob`, for the random sweep).
+    """
 
     name: str
 
@@ -64,6 +72,34 @@ class SweepJob(Protocol):
 
     def fingerprint(self, world: World) -> str:
         """A digest of everything a crash now would leave behind."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOutcome:
+    """What a finished run left: its checks' verdicts and the effects its receivers performed."""
+
+    checks: tuple[tuple[str, bool, str], ...]
+    """(name, passed, reason if not) for every check of the job's catalog."""
+    effects: Counter[str]
+    """Every side effect the receivers performed, as a multiset of descriptions."""
+
+
+class CommandJob(SweepJob, Protocol):
+    """A sweep job that can also be run as a user runs it: its command, and how to judge it.
+
+    What the random kill method (:mod:`durably.sweep.randomkill`) needs on top
+    of :class:`SweepJob`: each process is the job's command in a fresh
+    interpreter, and a finished run is judged by what it left under its state
+    directory.
+    """
+
+    def command(self, state: Path, store: str) -> list[str]:
+        """The command that starts the run kept under ``state`` on ``store``, or resumes it."""
+        ...
+
+    def outcome(self, state: Path) -> DemoOutcome | None:
+        """What the finished run under ``state`` left, or None if no run there finished."""
         ...
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .. import faults
 from .batch import BATCH, Group, run_batch
-from .config import CONFIGS, Config
+from .config import CONFIGS, Config, check_knobs
 from .job import SweepJob
 from .judge import ScenarioResult, distinct
 from .pool import Workers, check_jobs, scenario_workers
@@ -116,6 +116,7 @@ def run_sweep(
     if depth not in (1, 2):
         raise ValueError("depth is 1 or 2")
     check_jobs(jobs)
+    check_knobs(job, configs)
     if workers == "fresh":
         from ._fresh import check_picklable
 

@@ -60,7 +60,7 @@ from ...errors import RunNotFound
 from ...state import RunState
 from ...stores.file import FileRun, FileStore
 from ...stores.journal import JournalStore
-from ..config import Config
+from ..config import Config, check_knobs
 from ..engine import restart_and_judge
 from ..job import SweepApprover, SweepJob
 from ..judge import ScenarioResult, ScenarioSpec
@@ -416,6 +416,7 @@ def run_power_loss_sweep(
     if every < 1:
         raise ValueError("every is at least 1")
     check_jobs(jobs)
+    check_knobs(job, [config])
     make_store = STORES[store] if isinstance(store, str) else store
     store_name = store if isinstance(store, str) else getattr(store, "__name__", "custom")
     with tempfile.TemporaryDirectory(prefix="durably-powerloss-sweep-") as scratch:
