@@ -45,7 +45,7 @@ from .job import SweepJob
 from .judge import ScenarioResult, distinct
 from .pool import Workers, check_jobs, scenario_workers
 from .process import run_scenario_process
-from .report import SweepReport
+from .report import SweepReport, raise_on_problems
 from .world import StoreFactory, World, scratch_root
 
 __all__ = ["assert_clean", "run_sweep"]
@@ -191,7 +191,4 @@ def assert_clean(
     :func:`run_sweep`'s.
     """
     report = run_sweep(job, configs=configs, depth=depth, jobs=jobs, store=store, workers=workers)
-    problems = report.problems()
-    if problems:
-        raise AssertionError("\n".join(problems) + "\n" + report.text())
-    return report
+    return raise_on_problems(report)

@@ -1,15 +1,58 @@
-"""The labelled sweep's report: every scenario, and the table they add up to."""
+"""The report protocol every sweep's report follows, and the labelled and system-call reports.
+
+A :class:`Report` names the job swept, the problems that fail the sweep (none
+when clean), the table for people and the JSON for machines: the
+``durably sweep`` command and the pytest helpers (:func:`raise_on_problems`)
+treat every sweep's report alike. The four are :class:`SweepReport`,
+:class:`SyscallReport`, :class:`~durably.sweep.powerloss.PowerLossReport` and
+:class:`~durably.sweep.randomkill.RandomReport`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .config import Config
 from .judge import ScenarioResult
 from .strace import KINDS
 
-__all__ = ["Row", "SweepReport", "SyscallReport"]
+__all__ = ["Report", "Row", "SweepReport", "SyscallReport", "raise_on_problems"]
+
+
+class Report(Protocol):
+    """What every sweep's report gives: the job, its problems, its table, its JSON."""
+
+    @property
+    def job(self) -> str:
+        """The name of the job swept."""
+        ...
+
+    def problems(self) -> list[str]:
+        """Why the sweep fails, each in a line; empty when it is clean."""
+        ...
+
+    def text(self) -> str:
+        """The report for people (the labelled sweep's table is kept in the repository)."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The report for machines."""
+        ...
+
+
+R = TypeVar("R", bound=Report)
+
+
+def raise_on_problems(report: R, *, most: int | None = None) -> R:
+    """``report``, or ``AssertionError`` with its (first ``most``) problems and its text.
+
+    What every sweep's pytest helper does with its report.
+    """
+    problems = report.problems()
+    if problems:
+        raise AssertionError("\n".join(problems[:most]) + "\n" + report.text())
+    return report
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +189,11 @@ class SyscallReport:
     unreachable: dict[str, int]
     """Per store: kill points strace's per-thread counter could not reach."""
     sample: int | None
+
+    @property
+    def job(self) -> str:
+        """The name of the job swept."""
+        return self.report.job
 
     def problems(self) -> list[str]:
         """Why the sweep fails: a row not clean, an errored scenario, an empty row."""

@@ -70,7 +70,7 @@ from .job import SweepJob
 from .judge import ScenarioResult, ScenarioSpec, judge_scenario
 from .pool import check_jobs, scenario_workers
 from .process import run_scenario_process, was_killed
-from .report import SweepReport, SyscallReport
+from .report import SweepReport, SyscallReport, raise_on_problems
 from .strace import KINDS, WINDOW_MARK, Call, Strace, Trace, parse_trace, plan_kills
 from .tree import Tree, Uncopyable
 from .world import StoreFactory, World
@@ -357,10 +357,7 @@ def assert_syscalls_clean(
 ) -> SyscallReport:
     """The pytest helper: sweep and fail (``AssertionError`` with the table) on any problem."""
     report = run_syscall_sweep(job, stores, depth=depth, jobs=jobs, sample=sample)
-    problems = report.problems()
-    if problems:
-        raise AssertionError("\n".join(problems[:10]) + "\n" + report.text())
-    return report
+    return raise_on_problems(report, most=10)
 
 
 def triage_stores() -> dict[str, StoreFactory]:

@@ -49,7 +49,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,24 @@ class PowerLossReport:
                     f"failed={list(r.failed_checks)} error={r.error}"
                 )
         return found
+
+    def to_json(self) -> dict[str, Any]:
+        """The totals, the problems and every scenario, for machines."""
+        problems = self.problems()
+        return {
+            "job": self.job,
+            "config": self.config,
+            "store": self.store,
+            "points": self.points,
+            "captured": self.captured,
+            "pairs": self.pairs,
+            "saves": self.saves,
+            "ok": not problems,
+            "problems": problems,
+            "totals": self.totals(),
+            "captured_labels": self.captured_labels,
+            "scenarios": [asdict(s) for s in self.scenarios],
+        }
 
     def text(self) -> str:
         """One line of totals, for people."""
