@@ -1,11 +1,17 @@
-"""The crash sweep: SIGKILL a job at every crash point, restart it, count what went wrong.
+"""The crash sweeps: kill a job at every kill point, restart it until done, count what went wrong.
 
-See :mod:`durably.sweep.labelled` for how scenarios are built and judged,
-:mod:`durably.sweep.powerloss` for the power-cut model of the file store and
-the workspace, :mod:`durably.sweep.syscalls` for the sweep that kills at every
-disk-changing system call, and :mod:`durably.sweep.randomkill` for the one that
-kills the demo at random instants. :mod:`durably.sweep.tree` keeps a directory
-tree in memory and lays it down again (a scenario's disk, a job's fresh world).
+One scenario engine serves every sweep: :mod:`.world` (a scenario's world),
+:mod:`.job` (the job protocol), :mod:`.process` (forked children, the recorder
+and the kill-method protocol), :mod:`.engine` (restart until done), :mod:`.judge`
+(one judge, one duplicate/lost rule), :mod:`.report` (the report protocol) and
+:mod:`.pool` (warm workers). Each sweep only enumerates its kill points and
+kills at one: :mod:`durably.sweep.labelled` at labelled crash points (its
+batches and chains in :mod:`.batch`), :mod:`durably.sweep.syscalls` at every
+disk-changing system call (strace, :mod:`.strace`), :mod:`durably.sweep.powerloss`
+at power cuts of a modelled file system, :mod:`durably.sweep.randomkill` at
+random instants of the demo's command. :mod:`durably.sweep.tree` keeps a
+directory tree in memory and lays it down again (a scenario's disk, a job's
+fresh world).
 """
 
 from .config import CONFIGS as CONFIGS
