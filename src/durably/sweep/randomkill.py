@@ -251,7 +251,7 @@ def run_random_sweep(
     """Kill a job's command at random instants; see the module docstring.
 
     Args:
-        job: what to run and judge, e.g. ``TriageDemo("m1-done-after-delete")``.
+        job: what to run and judge, e.g. ``TriageJob("m1-done-after-delete")``.
         runs: how many runs (they alternate between ``stores``).
         kills: at most this many kills per run (each run draws 1 to ``kills``).
         seed: makes the instants reproducible.
