@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from typing_extensions import override
@@ -20,14 +21,15 @@ import durably
 from durably import Effect, ToolContext, tool
 from durably.sweep import (
     CONFIGS,
+    Config,
     SweepReport,
     World,
     assert_clean,
     digest_files,
+    pool,
     run_sweep,
     scratch_root,
 )
-from durably.sweep import core as sweep_core
 from durably.sweep.powerloss import run_power_loss_sweep
 from durably.sweep.tree import Tree, Uncopyable
 
@@ -258,7 +260,7 @@ def test_a_worker_whose_warm_up_fails_still_starts(capsys: pytest.CaptureFixture
             raise RuntimeError("no agent today")
 
     try:
-        sweep_core._warm_up(Unbuildable(), CONFIGS[0], None)  # noqa: SLF001 -- the test is about the sweep's worker warm-up
+        pool.warm_up(Unbuildable(), CONFIGS[0], None)
     finally:
         gc.unfreeze()
     assert "no agent today" in capsys.readouterr().err
@@ -278,6 +280,25 @@ def test_a_sweep_without_workers_is_refused_before_any_work(jobs: int) -> None:
         run_sweep(_Untouchable(), configs=CONFIGS[:1], jobs=jobs)
     with pytest.raises(ValueError, match=f"got {jobs}"):
         run_power_loss_sweep(_Untouchable(), config=CONFIGS[0], jobs=jobs)
+
+
+class _KnobbedUntouchable(_Untouchable):
+    """An untouchable job with one knob of its own world."""
+
+    knobs = MappingProxyType({"slow tracker": "the tracker answers late"})
+
+
+def test_a_knob_the_job_does_not_know_is_refused_before_any_work() -> None:
+    """A configuration's knob belongs to the job: one it does not list is a ValueError naming
+    the configuration, the knob and the knobs it knows, before the job is run even once.
+    """
+    unknown = Config(name="odd world", knobs=frozenset({"no refile guard"}))
+    with pytest.raises(ValueError, match=r"'odd world' turns on .*'no refile guard'.*knows: none"):
+        run_sweep(_Untouchable(), configs=[unknown])
+    with pytest.raises(ValueError, match="knows: 'slow tracker'"):
+        run_sweep(_KnobbedUntouchable(), configs=[CONFIGS[0], unknown])
+    with pytest.raises(ValueError, match="'no refile guard'"):
+        run_power_loss_sweep(_Untouchable(), config=unknown)
 
 
 def test_the_baselines_of_the_second_job_fail_as_they_must() -> None:

@@ -18,8 +18,9 @@ import pytest
 
 from durably import faults
 from durably.stores.journal import JournalStore
-from durably.sweep import CONFIGS, Config, StoreFactory, _chain
-from durably.sweep import core as sweep_core
+from durably.sweep import CONFIGS, Config, StoreFactory, _chain, labelled
+from durably.sweep import batch as sweep_batch
+from durably.sweep.judge import distinct
 from durably.sweep.tree import Tree
 from durably.triage.job import TriageJob
 
@@ -30,11 +31,11 @@ pytestmark = pytest.mark.skipif(
 
 def _groups(
     job: TriageJob, config: Config, store: StoreFactory | None = None
-) -> tuple[list[sweep_core._Group], Counter[str]]:
-    labels, prints, reference = sweep_core._record_points(job, config, store)  # noqa: SLF001 -- the test is about the sweep's groups
+) -> tuple[list[sweep_batch.Group], Counter[str]]:
+    labels, prints, reference = labelled.record_points(job, config, store)
     groups = [
-        sweep_core._Group(config, index, labels[index - 1], covers, 2 if config.protected else 1)  # noqa: SLF001 -- the test is about the sweep's groups
-        for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's groups
+        sweep_batch.Group(config, index, labels[index - 1], covers, 2 if config.protected else 1)
+        for index, covers in distinct(prints)
     ]
     return groups, reference
 
@@ -78,8 +79,8 @@ def test_chained_and_separate_kills_judge_alike(
     monkeypatch.setattr(_chain, "chain_kills", counted)
     monkeypatch.setattr(_chain, "chain_to_end", counted_to_end)
     for batch in (groups[:4], groups[:: max(1, len(groups) // 5)]):
-        chained = sweep_core._run_batch(job, batch, reference, store)  # noqa: SLF001 -- the test is about the sweep's groups
-        separate = sweep_core._run_batch(  # noqa: SLF001 -- the test is about the sweep's groups
+        chained = sweep_batch.run_batch(job, batch, reference, store)
+        separate = sweep_batch.run_batch(
             job, [replace(group, chain=False) for group in batch], reference, store
         )
         assert len(chained) == len(batch)
@@ -264,8 +265,8 @@ def test_a_chained_second_kill_counts_replies_paid_twice_as_a_separate_one_does(
     with installed("saved reply dropped on resume"):
         groups, reference = _groups(job, config)
         batch = groups[:: max(1, len(groups) // 8)]
-        chained = sweep_core._run_batch(job, batch, reference, None)  # noqa: SLF001 -- the test is about the sweep's groups
-        separate = sweep_core._run_batch(  # noqa: SLF001 -- the test is about the sweep's groups
+        chained = sweep_batch.run_batch(job, batch, reference, None)
+        separate = sweep_batch.run_batch(
             job, [replace(group, chain=False) for group in batch], reference, None
         )
     second = [r for results in chained for r in results if r.depth == 2]

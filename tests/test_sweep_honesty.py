@@ -18,8 +18,20 @@ from typing import Any
 import pytest
 
 from _helpers.mutants import ENV
-from durably.sweep import CONFIGS, Config, ScenarioResult, SweepReport, assert_clean, run_sweep
-from durably.sweep import core as sweep_core
+from durably.sweep import (
+    CONFIGS,
+    Config,
+    ScenarioResult,
+    SweepReport,
+    assert_clean,
+    labelled,
+    run_sweep,
+)
+from durably.sweep import batch as sweep_batch
+from durably.sweep.judge import distinct
+from durably.sweep.powerloss import Kind, PowerLossReport, PowerLossScenario, Violation
+from durably.sweep.randomkill import RandomReport, RandomRun
+from durably.sweep.report import Report, SyscallReport, raise_on_problems
 
 TESTS = Path(__file__).parent
 SITE = TESTS / "_helpers" / "mutant_site"
@@ -91,7 +103,7 @@ def test_a_clean_report_has_no_problem() -> None:
 def test_assert_clean_raises_on_an_errored_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pytest helper fails on a sweep whose only flaw is an errored scenario."""
     errored = _report(_result(PROTECTED, 1, error="restart 1 failed (status 256)"))
-    monkeypatch.setattr(sweep_core, "run_sweep", lambda *a, **k: errored)
+    monkeypatch.setattr(labelled, "run_sweep", lambda *a, **k: errored)
     with pytest.raises(AssertionError, match="1 of 1 scenarios errored"):
         assert_clean(object(), configs=[PROTECTED])  # type: ignore[arg-type]
 
@@ -187,14 +199,75 @@ def test_a_scenario_leaves_no_descriptor_open_in_its_worker() -> None:
     from durably.triage.job import TriageJob
 
     job, config = TriageJob(), CONFIGS[0]
-    labels, prints, reference = sweep_core._record_points(job, config, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+    labels, prints, reference = labelled.record_points(job, config, None)
     groups = [
-        sweep_core._Group(config, index, labels[index - 1], covers, 1)  # noqa: SLF001 -- the test is about the sweep's per-group caching
-        for index, covers in sweep_core._distinct(prints)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+        sweep_batch.Group(config, index, labels[index - 1], covers, 1)
+        for index, covers in distinct(prints)
     ][-4:]  # the last points: the run's whole checkpoint is read at each
-    sweep_core._run_group(job, groups[0], reference, None)  # noqa: SLF001 -- caches fill on the first group
+    sweep_batch.run_group(job, groups[0], reference, None)
     before = _open_descriptors()
     for group in groups[1:]:
-        (result,) = sweep_core._run_group(job, group, reference, None)  # noqa: SLF001 -- the test is about the sweep's per-group caching
+        (result,) = sweep_batch.run_group(job, group, reference, None)
         assert result.error is None
     assert _open_descriptors() == before
+
+
+def _reports(*, harmed: bool) -> list[Report]:
+    """One report of each sweep, clean or with one harmed scenario (or run)."""
+    result = _result(PROTECTED, 1, lost=1 if harmed else 0)
+    labelled = _report(result)
+    violation = Violation(
+        kind=Kind.LOST, point=3, where="at crash point 3", image="none", found="f", expected="e"
+    )
+    disk = PowerLossScenario(
+        point=3,
+        label="store.saved",
+        image="none",
+        covers=1,
+        loaded="save 1",
+        expected="save 1",
+        violation=violation if harmed else None,
+        result=result,
+    )
+    power = PowerLossReport(
+        job="test",
+        config=PROTECTED.name,
+        store="journal",
+        points=3,
+        captured=3,
+        pairs=1,
+        saves=1,
+        captured_labels={"store.saved": 1},
+        scenarios=(disk,),
+    )
+    run = RandomRun(
+        run=0,
+        store="journal",
+        instants=(0.5,),
+        kills=1,
+        checks_passed=16,
+        checks_total=16,
+        failed_checks=(),
+        duplicates=0,
+        lost=1 if harmed else 0,
+    )
+    random = RandomReport(job="test", seed=0, runs=(run,), plain_seconds=1.0)
+    syscalls = SyscallReport(report=labelled, kinds={}, unreachable={}, sample=None)
+    return [labelled, syscalls, power, random]
+
+
+def test_every_sweep_report_follows_the_report_protocol() -> None:
+    """The four reports name their job, and a harmed one fails the pytest helper with its
+    problems and its text; a clean one passes it; each one's JSON says what its problems say.
+    """
+    for clean in _reports(harmed=False):
+        assert clean.job == "test"
+        assert raise_on_problems(clean) is clean
+        assert json.loads(json.dumps(clean.to_json())).get("ok", True) is True
+    for harmed in _reports(harmed=True):
+        problems = harmed.problems()
+        assert problems, type(harmed).__name__
+        with pytest.raises(AssertionError) as raised:
+            raise_on_problems(harmed)
+        assert str(raised.value) == "\n".join(problems) + "\n" + harmed.text()
+        assert json.loads(json.dumps(harmed.to_json())).get("ok", False) is False

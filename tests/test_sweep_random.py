@@ -94,7 +94,7 @@ def test_the_demo_job_refuses_an_unknown_task_and_reports_no_outcome_before_a_fi
         TriageDemo("no-such-task")
     demo = TriageDemo()
     assert demo.outcome(tmp_path / "state") is None
-    world = World.create(tmp_path / "state" / "worlds" / "r1", demo.task)
+    world = World.create(tmp_path / "state" / "worlds" / "r1", "m1-done-after-delete")
     assert demo.outcome(tmp_path / "state") is None  # a world, but no checks written: not done
     (world.root / "checks.json").write_text(json.dumps([{"name": "a", "ok": True, "reason": ""}]))
     outcome = demo.outcome(tmp_path / "state")

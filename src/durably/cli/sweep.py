@@ -11,7 +11,7 @@ import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from .._exit import EXIT
 from ._args import output_file, positive_int
@@ -21,20 +21,13 @@ if TYPE_CHECKING:
 
     from ..stores.file import FileStore
     from ..sweep.core import Config, Row, ScenarioResult
+    from ..sweep.report import Report
     from ._sweep_view import Bar
 
 __all__ = ["add_sweep_command"]
 
 
-class _Report(Protocol):
-    """What every sweep's report gives the command: its table, its JSON, its problems."""
-
-    def text(self) -> str: ...
-    def to_json(self) -> dict[str, Any]: ...
-    def problems(self) -> list[str]: ...
-
-
-def _finish(report: _Report, args: argparse.Namespace, errors: Console, most: int | None) -> int:
+def _finish(report: Report, args: argparse.Namespace, errors: Console, most: int | None) -> int:
     """Write the report where ``--text``/``--json`` ask, name its problems; the exit code."""
     from rich.markup import escape
 

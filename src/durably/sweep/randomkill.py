@@ -8,9 +8,10 @@ instants, each in a new process (so a kill can fall during a restart's
 recovery as well as during the first process), then run again unkilled until
 it finishes. It must end with all of its checks passed and, at the receivers
 (for the demo, the tracker and the patch ledger), exactly the effects of an
-uncrashed run: nothing duplicated, nothing lost. The job (a :class:`DemoJob`,
-e.g. :class:`durably.triage.job.TriageDemo`) hands over the command and what a
-finished run left: its checks and its effects.
+uncrashed run: nothing duplicated, nothing lost. The job (a
+:class:`~durably.sweep.job.CommandJob`: the sweep job protocol, run as a user
+runs it, e.g. :class:`durably.triage.job.TriageJob`) hands over the command
+and what a finished run left: its checks and its effects.
 
 An instant is drawn uniformly from the length of one uncrashed process
 (measured at the start of the sweep): a kill that would fall after the
@@ -35,37 +36,25 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["DemoJob", "DemoOutcome", "RandomReport", "RandomRun", "run_random_sweep"]
+from .job import CommandJob, DemoOutcome
+from .judge import duplicates_and_lost
+
+__all__ = [
+    "DemoJob",
+    "DemoOutcome",
+    "RandomReport",
+    "RandomRun",
+    "run_random_sweep",
+]
+
+DemoJob = CommandJob
+"""The name the random sweep's job protocol had: :class:`durably.sweep.job.CommandJob`."""
 
 STORES: tuple[str, ...] = ("journal", "snapshot")
 _FINISH_ATTEMPTS = 4
 _PROCESS_TIMEOUT = 120.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoOutcome:
-    """What a finished run left: its checks' verdicts and the effects its receivers performed."""
-
-    checks: tuple[tuple[str, bool, str], ...]
-    """(name, passed, reason if not) for every check of the job's catalog."""
-    effects: Counter[str]
-    """Every side effect the receivers performed, as a multiset of descriptions."""
-
-
-class DemoJob(Protocol):
-    """What the random sweep needs from a job: the command a user runs, and how to judge it."""
-
-    name: str
-
-    def command(self, state: Path, store: str) -> list[str]:
-        """The command that starts the run kept under ``state`` on ``store``, or resumes it."""
-        ...
-
-    def outcome(self, state: Path) -> DemoOutcome | None:
-        """What the finished run under ``state`` left, or None if no run there finished."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +173,7 @@ def _process(command: Sequence[str], kill_at: float | None) -> tuple[bool, int, 
     return False, process.returncode, time.monotonic() - started
 
 
-def _reference(job: DemoJob, store: str, scratch: str | None) -> tuple[Counter[str], float]:
+def _reference(job: CommandJob, store: str, scratch: str | None) -> tuple[Counter[str], float]:
     with tempfile.TemporaryDirectory(prefix="durably-random-", dir=scratch) as tmp:
         state = Path(tmp) / "state"
         _, code, seconds = _process(job.command(state, store), None)
@@ -195,7 +184,7 @@ def _reference(job: DemoJob, store: str, scratch: str | None) -> tuple[Counter[s
 
 
 def _one_run(
-    job: DemoJob,
+    job: CommandJob,
     run: int,
     store: str,
     seed: int,
@@ -231,9 +220,7 @@ def _one_run(
             total = len(outcome.checks)
             passed = sum(1 for _, ok, _ in outcome.checks if ok)
             failed = tuple(f"{name}: {reason}" for name, ok, reason in outcome.checks if not ok)
-            effects = outcome.effects
-            duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
-            lost = sum(max(0, n - effects[e]) for e, n in reference.items())
+            duplicates, lost = duplicates_and_lost(reference, outcome.effects)
             if code != 0 and not failed:
                 error = f"the last process exited {code}"
     return RandomRun(
@@ -251,7 +238,7 @@ def _one_run(
 
 
 def run_random_sweep(
-    job: DemoJob,
+    job: CommandJob,
     *,
     runs: int = 20,
     kills: int = 6,
@@ -264,7 +251,7 @@ def run_random_sweep(
     """Kill a job's command at random instants; see the module docstring.
 
     Args:
-        job: what to run and judge, e.g. ``TriageDemo("m1-done-after-delete")``.
+        job: what to run and judge, e.g. ``TriageJob("m1-done-after-delete")``.
         runs: how many runs (they alternate between ``stores``).
         kills: at most this many kills per run (each run draws 1 to ``kills``).
         seed: makes the instants reproducible.

@@ -9,7 +9,10 @@ import sqlite3
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
 
 from ..approval import Approver, Done, Rerun, ResolveRequest
 from ..loop import Agent
@@ -17,14 +20,17 @@ from ..models import CallLog
 from ..state import RunState
 from ..sweep import RUN_ID, digest_files
 from ..sweep import World as SweepWorld
-from ..sweep.randomkill import DemoOutcome
+from ..sweep.job import DemoOutcome
 from ..sweep.tree import Tree
 from .agent import build_agent, replay_model
 from .checks import run_checks
 from .tools import ToolOptions, applied_patches, patches_log
 from .world import World, load_task
 
-__all__ = ["TriageDemo", "TriageJob", "world_effects"]
+__all__ = ["NO_REFILE_GUARD", "TriageDemo", "TriageJob", "world_effects"]
+
+NO_REFILE_GUARD = "no refile guard"
+"""The job's knob: its tracker files a cause again instead of refusing (a duplicate shows)."""
 
 # The sweep counts re-asked replies itself, telling a lost reply (asked again, as it
 # must be) from a saved one paid twice; the check's plain count cannot tell them apart.
@@ -32,7 +38,11 @@ _SWEEP_COUNTS_ITSELF = {"no reply paid twice"}
 
 
 class TriageJob:
-    """Sweeps one triage task.
+    """Sweeps one triage task, in every sweep (a :class:`~durably.sweep.job.CommandJob`).
+
+    The labelled, system-call and power-loss sweeps run its agent in forked
+    children; the random sweep runs its command (``durably triage``) as a user
+    does, and judges by what the command left.
 
     Args:
         task: the task's name.
@@ -40,6 +50,11 @@ class TriageJob:
             does (the system-call sweep kills at those fsyncs too); off by default,
             since killing a process loses nothing a sync would have kept.
     """
+
+    knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {NO_REFILE_GUARD: "the tracker files a cause again (a duplicate shows)"}
+    )
+    """The switches of its world a configuration may turn on (``Config.knobs``)."""
 
     def __init__(self, task: str = "m1-done-after-delete", *, sync: bool = False) -> None:
         self._task = load_task(task)
@@ -78,7 +93,10 @@ class TriageJob:
             store=world.store(),
             approver=approver,
             model=replay_model(triage_world, fickle=config.fickle),
-            options=ToolOptions(honour_keys=config.honour_keys, refile_guard=config.refile_guard),
+            options=ToolOptions(
+                honour_keys=config.honour_keys,
+                refile_guard=NO_REFILE_GUARD not in config.knobs,
+            ),
             sync=self.sync,
         )
         agent.tools = {t.name: t for t in config.adapt(list(agent.tools.values()))}
@@ -148,31 +166,6 @@ class TriageJob:
             digest.update(f"{path} {known}".encode())
         return digest.hexdigest()
 
-    def _request_count(self, database: Path) -> int:
-        # One read-only connection per process (a connection never crosses a fork).
-        key = (os.getpid(), str(database))
-        connection = self._readers.get(key)
-        if connection is None:
-            # Points are hit one at a time, from the loop or a save thread: never at once.
-            connection = sqlite3.connect(
-                f"file:{database}?mode=ro", uri=True, check_same_thread=False
-            )
-            self._readers[key] = connection
-        (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
-        return int(count)
-
-
-class TriageDemo:
-    """The triage demo as the random sweep runs it: ``durably triage``, judged by its world.
-
-    Args:
-        task: the task's name.
-    """
-
-    def __init__(self, task: str = "m1-done-after-delete") -> None:
-        self.task = load_task(task).name  # an unknown task is refused here, not in a child
-        self.name = f"triage {task}"
-
     def command(self, state: Path, store: str) -> list[str]:
         """``durably triage`` on the recording, approvals off, the run kept under ``state``."""
         return [
@@ -181,7 +174,7 @@ class TriageDemo:
             "durably",
             "triage",
             "--task",
-            self.task,
+            self._task.name,
             "--approve",
             "off",
             "--model",
@@ -202,6 +195,23 @@ class TriageDemo:
             checks=tuple((c["name"], bool(c["ok"]), c["reason"]) for c in checks),
             effects=world_effects(World.open(verdicts[-1].parent)),
         )
+
+    def _request_count(self, database: Path) -> int:
+        # One read-only connection per process (a connection never crosses a fork).
+        key = (os.getpid(), str(database))
+        connection = self._readers.get(key)
+        if connection is None:
+            # Points are hit one at a time, from the loop or a save thread: never at once.
+            connection = sqlite3.connect(
+                f"file:{database}?mode=ro", uri=True, check_same_thread=False
+            )
+            self._readers[key] = connection
+        (count,) = connection.execute("SELECT coalesce(max(seq), 0) FROM requests").fetchone()
+        return int(count)
+
+
+TriageDemo = TriageJob
+"""The name the random sweep's triage job had: one job class now serves every sweep."""
 
 
 def world_effects(triage_world: World) -> Counter[str]:

@@ -9,7 +9,8 @@
   writes), on every legal disk, loads as the last save that returned or the one
   in progress; and no two handles own a run at once;
 - :mod:`.sweep`: the same for a whole job, each disk then resumed to the end
-  and judged as the crash sweep judges (:func:`run_power_loss_sweep`).
+  and judged as the crash sweep judges (:func:`run_power_loss_sweep`), its
+  report in :mod:`.report`.
 """
 
 from .checks import WORKSPACE_FILE as WORKSPACE_FILE

@@ -19,7 +19,8 @@ whole job: the run must then *resume* on that disk and finish correctly.
    loads the run with a fresh, normal store (it must be the last save that
    returned or the save in progress; ``RunNotFound`` only before the first save
    returned), then resumes the run to completion in forked children, as
-   :mod:`durably.sweep.core` does, and judges it with the crash sweep's judge
+   every sweep does (:func:`durably.sweep.engine.restart_and_judge`), and judges it with the
+   crash sweep's judge
    (duplicates and losses against the crash-free run's effects, questions,
    replies paid twice, failed checks).
 
@@ -59,21 +60,16 @@ from ...errors import RunNotFound
 from ...state import RunState
 from ...stores.file import FileRun, FileStore
 from ...stores.journal import JournalStore
-from ..core import (
-    RUN_ID,
-    Config,
-    ScenarioResult,
-    ScenarioSpec,
-    SweepApprover,
-    SweepJob,
-    World,
-    check_jobs,
-    restart_and_judge,
-    run_in_child,
-    scenario_workers,
-)
+from ..config import Config, check_knobs
+from ..engine import restart_and_judge
+from ..job import SweepApprover, SweepJob
+from ..judge import ScenarioSpec
+from ..pool import check_jobs, scenario_workers
+from ..process import run_in_child
+from ..world import RUN_ID, World
 from .checks import Kind, Violation
 from .model import PowerLossFS
+from .report import PowerLossReport, PowerLossScenario
 
 __all__ = [
     "STORES",
@@ -88,90 +84,6 @@ STORES: dict[str, Callable[..., FileStore]] = {
     "journal-compacting": functools.partial(JournalStore, compact_min_bytes=0, compact_ratio=0.5),
 }
 """The stores by name: a store class or factory taking the directory and ``sync``, ``fs``."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PowerLossScenario:
-    """One distinct disk at one crash point: how it loaded, and how the resumed run ended."""
-
-    point: int
-    """The crash point (1-based index in the crash-free run) where the power went."""
-    label: str
-    image: str
-    """Which unsynced operations survived, in words."""
-    covers: int
-    """How many (point, image) pairs this scenario stands for (identical captures)."""
-    loaded: str
-    """What the fresh store loaded: ``save N (...)``, ``RunNotFound`` or an error."""
-    expected: str
-    violation: Violation | None
-    result: ScenarioResult
-    """The resumed run, judged as the crash sweep judges."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PowerLossReport:
-    """Every scenario of a power-loss sweep, and what they add up to."""
-
-    job: str
-    config: str
-    store: str
-    points: int
-    """Crash points of the crash-free run."""
-    captured: int
-    """Crash points captured (every ``every``-th)."""
-    pairs: int
-    """(point, image) pairs captured, before merging identical ones."""
-    saves: int
-    """Saves the crash-free run made."""
-    captured_labels: dict[str, int]
-    """Captured crash points by label (a point whose disks all equal earlier
-    captures is covered by those scenarios, and counted here)."""
-    scenarios: tuple[PowerLossScenario, ...]
-
-    @property
-    def violations(self) -> list[Violation]:
-        """Disks that loaded as something other than the old or the new state."""
-        return [s.violation for s in self.scenarios if s.violation is not None]
-
-    def totals(self) -> dict[str, int]:
-        """Scenario counts: finished, duplicates, lost, questions, paid twice, failed checks."""
-        results = [s.result for s in self.scenarios]
-        return {
-            "scenarios": len(results),
-            "finished": sum(r.finished for r in results),
-            "duplicates": sum(r.duplicates for r in results),
-            "lost": sum(r.lost for r in results),
-            "questions": sum(r.questions for r in results),
-            "paid_twice": sum(r.paid_twice for r in results),
-            "failed_checks": sum(bool(r.failed_checks) for r in results),
-            "violations": len(self.violations),
-        }
-
-    def problems(self) -> list[str]:
-        """Why the sweep fails: a load violation, or a resumed run that went wrong."""
-        found = [f"{v}" for v in self.violations]
-        for s in self.scenarios:
-            r = s.result
-            if not r.finished or r.duplicates or r.lost or r.paid_twice or r.failed_checks:
-                found.append(
-                    f"point {s.point} ({s.label}) on [{s.image}]: finished={r.finished} "
-                    f"duplicates={r.duplicates} lost={r.lost} paid_twice={r.paid_twice} "
-                    f"failed={list(r.failed_checks)} error={r.error}"
-                )
-        return found
-
-    def text(self) -> str:
-        """One line of totals, for people."""
-        t = self.totals()
-        return (
-            f"power-loss sweep of {self.job} ({self.config}, {self.store} store): "
-            f"{self.captured}/{self.points} points, {self.pairs} disks, "
-            f"{t['scenarios']} scenarios, {t['violations']} load violations, "
-            f"{t['finished']} finished, {t['duplicates']} duplicates, {t['lost']} lost, "
-            f"{t['questions']} questions, {t['paid_twice']} paid twice, "
-            f"{t['failed_checks']} failed checks\n"
-        )
 
 
 # -- recording: the crash-free run, captured at its crash points ------------------------
@@ -421,6 +333,7 @@ def run_power_loss_sweep(
     if every < 1:
         raise ValueError("every is at least 1")
     check_jobs(jobs)
+    check_knobs(job, [config])
     make_store = STORES[store] if isinstance(store, str) else store
     store_name = store if isinstance(store, str) else getattr(store, "__name__", "custom")
     with tempfile.TemporaryDirectory(prefix="durably-powerloss-sweep-") as scratch:
