@@ -15,7 +15,7 @@ SHELL := /bin/bash
 # The system step must finish before the virtualenv starts, even under `make -j`.
 .NOTPARALLEL:
 
-.PHONY: demo test bench system-demo system-test
+.PHONY: demo test bench version-matrix system-demo system-test
 system-demo:
 	scripts/system-deps demo
 
@@ -42,6 +42,13 @@ test: system-test $(BIN)/durably
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+	$(MAKE) version-matrix
+
+# The front ends' tests again at the oldest SDK versions their extras allow (.venv has
+# the newest): scripts/version_matrix.py makes .venv-oldest with the pins (once) and
+# prints the versions each environment tested.
+version-matrix: $(BIN)/durably
+	$(BIN)/python scripts/version_matrix.py --python $(PY)
 
 bench: $(BIN)/durably
 	$(BIN)/python benchmarks/save.py

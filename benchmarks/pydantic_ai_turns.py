@@ -13,9 +13,6 @@ checkpoints, and the next request's. Its bytes are what the process passed to
 its own threads too, so the whole process is counted). The added latency of a
 contender is its median turn minus the bare agent's median turn, measured in the
 same run; its added bytes are its median bytes per turn minus the bare agent's.
-Its CPU time per turn (``time.process_time`` over the same span: the whole process,
-DBOS's threads too) is reported beside the latency: on a loaded machine the wall
-clock of a turn is mostly waiting for a core, the CPU time much less so.
 
 - bare: ``Agent(model)``, nothing saved.
 - durably: ``Durable(JournalStore(dir))`` (fsync on), the tool declared ``keyed``.
@@ -37,17 +34,14 @@ import argparse
 import asyncio
 import importlib.metadata
 import logging
-import os
-import platform
 import shutil
-import statistics
 import tempfile
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _turns
+from _turns import PAYLOAD
 from dbos import DBOS, SetWorkflowID
 from pydantic_ai.durable_exec.dbos import DBOSDurability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -62,31 +56,10 @@ TARGETS = {"latency": 0.5, "bytes": 0.2}
 """durably / DBOS ratios of the added cost per turn the issue asks for (at most)."""
 
 CONTENDERS = ("bare", "durably", "durably FileStore", "DBOS")
-PAYLOAD = "x" * 1000
 
 
-def wchar() -> int:
-    """Bytes the whole process has passed to write() so far."""
-    with open("/proc/self/io", "rb") as io:
-        for line in io:
-            if line.startswith(b"wchar:"):
-                return int(line.split()[1])
-    raise RuntimeError("no wchar in /proc/self/io")
-
-
-@dataclass
-class Gate:
-    """Where one contender's model requests wait for the driver, and what each turn cost."""
-
-    name: str
-    turns: int
-    # Futures, not asyncio events: DBOS runs a model step on an event loop of its own.
-    opened: Future[None] = field(default_factory=Future)
-    arrived: Future[None] = field(default_factory=Future)
-    started: tuple[float, int, float] = (0.0, 0, 0.0)
-    latencies: list[float] = field(default_factory=list)
-    written: list[int] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
+class Gate(_turns.Gate):
+    """A contender's gate, with the Pydantic AI model that waits at it."""
 
     def model(self) -> FunctionModel:
         """The scripted model: a keyed tool call per turn, then the answer."""
@@ -100,32 +73,6 @@ class Gate:
             return ModelResponse(parts=[TextPart("Recording."), call], model_name="scripted")
 
         return FunctionModel(reply, model_name="scripted")
-
-    async def wait(self) -> None:
-        """Close the turn that led here (its time and bytes), then wait to be let on."""
-        now, written, cpu = time.perf_counter(), wchar(), time.process_time()
-        if self.started != (0.0, 0, 0.0):
-            self.latencies.append(now - self.started[0])
-            self.written.append(written - self.started[1])
-            self.cpu.append(cpu - self.started[2])
-        opened = self.opened
-        self.arrived.set_result(None)
-        await asyncio.wrap_future(opened)
-        self.started = (time.perf_counter(), wchar(), time.process_time())
-
-    def close(self) -> None:
-        """The run ended: close its last turn."""
-        self.latencies.append(time.perf_counter() - self.started[0])
-        self.written.append(wchar() - self.started[1])
-        self.cpu.append(time.process_time() - self.started[2])
-        self.arrived.set_result(None)
-
-    async def let_on(self) -> None:
-        """Open the gate and wait for the turn to reach it again (or the run to end)."""
-        opened, self.opened, self.arrived = self.opened, Future(), Future()
-        arrived = self.arrived
-        opened.set_result(None)
-        await asyncio.wrap_future(arrived)
 
 
 def agent_for(name: str, gate: Gate, base: Path) -> tuple[Agent[None, str], Any]:
@@ -173,53 +120,21 @@ async def dbos_run(repeat: str) -> str:
     return str(await DBOS_RUNS[repeat]())
 
 
-async def run_once(turns: int, base: Path) -> dict[str, Gate]:
-    """Every contender's run, one turn at a time in rotating order."""
+async def run_once(turns: int, base: Path) -> _turns.Summary:
+    """Every contender's run, one turn at a time in rotating order, and its medians."""
     gates = {name: Gate(name, turns) for name in CONTENDERS}
     runners = {
         name: agent_for(name, gates[name], base / name.replace(" ", "-"))[1] for name in CONTENDERS
     }
-
-    async def run(name: str) -> None:
-        try:
-            await runners[name]()
-        finally:
-            gates[name].close()
-
-    tasks = [asyncio.create_task(run(name)) for name in CONTENDERS]
-    for gate in gates.values():  # each run's start, untimed: up to its first request
-        await asyncio.wrap_future(gate.arrived)
-    for turn in range(turns + 1):
-        names = CONTENDERS[turn % len(CONTENDERS) :] + CONTENDERS[: turn % len(CONTENDERS)]
-        for name in names:
-            await gates[name].let_on()
-    await asyncio.gather(*tasks)
-    return gates
+    await _turns.interleave(gates, runners, turns)
+    return _turns.summary(gates)
 
 
-def summary(gates: dict[str, Gate]) -> dict[str, dict[str, float]]:
-    """Median latency and bytes per turn of each contender, and what it adds to the bare agent."""
-    rows = {
-        name: {
-            "median_ms": statistics.median(g.latencies) * 1e3,
-            "bytes": statistics.median(g.written),
-            "cpu_ms": statistics.median(g.cpu) * 1e3,
-            "turns": len(g.latencies),
-        }
-        for name, g in gates.items()
-    }
-    for row in rows.values():
-        row["added_ms"] = row["median_ms"] - rows["bare"]["median_ms"]
-        row["added_bytes"] = row["bytes"] - rows["bare"]["bytes"]
-        row["added_cpu_ms"] = row["cpu_ms"] - rows["bare"]["cpu_ms"]
-    return rows
-
-
-async def all_runs(repeat: int, turns: int, base: Path) -> list[dict[str, dict[str, float]]]:
+async def all_runs(repeat: int, turns: int, base: Path) -> list[_turns.Summary]:
     """``repeat`` comparisons, each on fresh files, with DBOS launched over them all."""
     DBOS.launch()
     try:
-        return [summary(await run_once(turns, base / f"run{i}")) for i in range(repeat)]
+        return [await run_once(turns, base / f"run{i}") for i in range(repeat)]
     finally:
         DBOS.destroy()
 
@@ -249,54 +164,20 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def report(
-    runs: list[dict[str, dict[str, float]]], turns: int, wall: float, fs_type: str | None
-) -> None:
+def report(runs: list[_turns.Summary], turns: int, wall: float, fs_type: str | None) -> None:
     """Each contender's medians over the runs, then durably / DBOS and the verdict."""
     versions = ", ".join(
         f"{p} {importlib.metadata.version(p)}" for p in ("pydantic-ai-slim", "dbos", "durably")
     )
-    print(
-        f"Pydantic AI agent, {turns} tool turns, interleaved; {len(runs)} runs, {wall:.1f} s "
-        f"in all; load average {os.getloadavg()[0]:.2f}"
+    _turns.report(
+        runs,
+        heading=f"Pydantic AI agent, {turns} tool turns, interleaved; {wall:.1f} s in all",
+        versions=versions,
+        fs_type=fs_type,
+        ours=("durably", "durably FileStore"),
+        peer="DBOS",
+        targets=TARGETS,
     )
-    print(
-        f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}, "
-        f"{versions}; files on {fs_type}"
-    )
-    print()
-    print(
-        f"{'contender':<18} {'turns':>5} {'median ms':>10} {'added ms':>9} "
-        f"{'bytes/turn':>11} {'added bytes':>12} {'cpu ms':>7} {'added cpu':>9}"
-    )
-    for name in CONTENDERS:
-
-        def med(key: str, name: str = name) -> float:
-            return float(statistics.median(run[name][key] for run in runs))
-
-        print(
-            f"{name:<18} {int(med('turns')):>5} {med('median_ms'):>10.3f} {med('added_ms'):>9.3f} "
-            f"{int(med('bytes')):>11,} {int(med('added_bytes')):>12,} "
-            f"{med('cpu_ms'):>7.3f} {med('added_cpu_ms'):>9.3f}"
-        )
-    print()
-    for label, key in (("latency", "added_ms"), ("bytes", "added_bytes")):
-        for name in ("durably", "durably FileStore"):
-            found = [run[name][key] / run["DBOS"][key] for run in runs]
-            ratio = statistics.median(found)
-            each = ", ".join(f"{r:.3f}" for r in found)
-            verdict = "meets" if ratio <= TARGETS[label] else "MISSES"
-            print(
-                f"{name} / DBOS added {label:<7}: {ratio:6.3f}x median of runs ({each}); "
-                f"target <= {TARGETS[label]}x: {verdict}"
-            )
-    for name in ("durably", "durably FileStore"):
-        found = [run[name]["added_cpu_ms"] / run["DBOS"]["added_cpu_ms"] for run in runs]
-        each = ", ".join(f"{r:.3f}" for r in found)
-        print(
-            f"{name} / DBOS added cpu    : {statistics.median(found):6.3f}x median of runs "
-            f"({each}); beside the latency, no target"
-        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from agents.models.interface import Model
 from agents.testing import assistant_message, function_call
 
 import durably
+from _helpers.peer import kill_once
 from durably import Effect, ToolContext
 from durably.openai_agents import DurableRunner, tool_context
 from durably.stores import Store
@@ -46,12 +47,19 @@ class Service:
     """The fake service: refunds (deduplicated on keys if asked), e-mails and notes."""
 
     def __init__(
-        self, root: Path, *, honour_keys: bool = True, doubt: frozenset[str] = frozenset()
+        self,
+        root: Path,
+        *,
+        honour_keys: bool = True,
+        doubt: frozenset[str] = frozenset(),
+        kill_after: str | None = None,
     ) -> None:
         self.root = root
         self.honour_keys = honour_keys
         self.doubt = doubt
         """Kinds of effect ("notes") whose request is performed but its answer lost."""
+        self.kill_after = kill_after
+        """A kind of effect ("refunds") after whose first write the process SIGKILLs itself."""
 
     def prepare(self) -> None:
         """Make the service's directory."""
@@ -67,6 +75,8 @@ class Service:
     def _append(self, name: str, record: dict[str, Any]) -> None:
         with (self.root / f"{name}.jsonl").open("a") as out:
             out.write(json.dumps(record) + "\n")
+        if name == self.kill_after:
+            kill_once(self.root)
         if name in self.doubt:
             raise durably.ToolInDoubt(f"the {name} service took the request and never answered")
 
@@ -98,12 +108,17 @@ class Service:
         return found
 
 
-def script(outputs: int, again: int) -> list[Any]:
+def script(outputs: int, again: int, *, sequential: bool = False) -> list[Any]:
     """The model's output items, chosen by how many call outputs the request holds.
 
     ``again`` > 0 when this reply was asked for before (a fickle model's new call IDs).
+    ``sequential`` asks for the e-mail and the note in two replies, not in parallel.
     """
     suffix = f"-again{again}" if again else ""
+    if sequential and outputs in (2, 3):
+        if outputs == 2:
+            return [function_call("send_email", dict(EMAIL), call_id=f"c3{suffix}")]
+        return [function_call("post_note", {"text": NOTE}, call_id=f"c4{suffix}")]
     if outputs == 0:
         return [
             assistant_message("Looking the order up."),
@@ -129,17 +144,21 @@ class ScriptedModel(Model):
     model asked again would not repeat itself.
     """
 
-    def __init__(self, log: durably.CallLog, *, fickle: bool = False) -> None:
-        self.log, self.fickle = log, fickle
+    def __init__(
+        self, log: durably.CallLog, *, fickle: bool = False, sequential: bool = False
+    ) -> None:
+        self.log, self.fickle, self.sequential = log, fickle, sequential
 
     async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
         items = [] if isinstance(input, str) else input
         outputs = sum(_kind(i) == "function_call_output" for i in items)
-        turn = {0: 1, 1: 2, 2: 3, 4: 4}.get(outputs, 5)
+        turns = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5} if self.sequential else {0: 1, 1: 2, 2: 3, 4: 4}
+        turn = turns.get(outputs, max(turns.values()) + 1)
         again = self.log.turns(RUN_ID).count(turn) if self.fickle else 0
         self.log.append(RUN_ID, turn)
         usage = Usage(requests=1, input_tokens=100 * turn, output_tokens=20, total_tokens=0)
-        return ModelResponse(output=script(outputs, again), usage=usage, response_id=None)
+        output = script(outputs, again, sequential=self.sequential)
+        return ModelResponse(output=output, usage=usage, response_id=None)
 
     def stream_response(self, *a: Any, **k: Any) -> AsyncIterator[Any]:
         raise NotImplementedError("the scripted model does not stream")
@@ -160,11 +179,13 @@ def build(
     price: durably.Price | None = None,
     approval: frozenset[str] = frozenset(),
     refund_enabled: bool = True,
+    sequential: bool = False,
 ) -> tuple[Agent[Any], DurableRunner]:
     """The front-desk agent and its runner, declared as ``config``'s harness declares them.
 
     The tools named in ``approval`` need a person's yes before each call; with
-    ``refund_enabled`` false the SDK does not offer the refund tool (``is_enabled``).
+    ``refund_enabled`` false the SDK does not offer the refund tool (``is_enabled``);
+    ``sequential`` has the model send the e-mail and the note in two replies.
     """
     config = config or Config(name="keys honoured")
     set_tracing_disabled(True)  # no network: nothing to export traces to
@@ -199,34 +220,12 @@ def build(
         effects = {n: e if e is Effect.READ else Effect.WRITE for n, e in effects.items()}
         lookups, key_ttls = dict.fromkeys(effects, assume_done), {}
 
-    @function_tool(is_enabled=refund_enabled)
-    async def refund(order: str, cents: int) -> str:
-        """Refund an order."""
-        return service.refund(order=order, key=tool_context().idempotency_key)
-
-    @function_tool
-    async def send_email(to: str, text: str) -> str:
-        """E-mail a customer."""
-        return service.send_email(to=to, text=text)
-
-    @function_tool
-    async def post_note(text: str) -> str:
-        """Post a note on the order."""
-        return service.post_note(text=text)
-
-    @function_tool
-    async def get_order(order: str) -> str:
-        """Read an order."""
-        return json.dumps({"order": order, "cents": 500})
-
-    model = ScriptedModel(log, fickle=config.fickle)
-    closer = Agent(name="closer", instructions="Close the case.", model=model)
-    desk = Agent(
-        name="desk",
-        instructions="Handle refunds.",
-        model=model,
-        tools=[refund, send_email, post_note, get_order],
-        handoffs=[closer],
+    model = ScriptedModel(log, fickle=config.fickle, sequential=sequential)
+    desk = agents(
+        service,
+        model,
+        key=lambda: tool_context().idempotency_key,
+        refund_enabled=refund_enabled,
     )
     runner = DurableRunner(
         store,
@@ -239,6 +238,59 @@ def build(
         needs_approval=approval,
     )
     return desk, runner
+
+
+def _as_is(function: Any) -> Any:
+    return function
+
+
+def agents(
+    service: Service,
+    model: Model,
+    *,
+    key: Callable[[], str],
+    step: Callable[[Any], Any] | None = None,
+    refund_enabled: bool = True,
+) -> Agent[Any]:
+    """The front-desk agent (four tools, a handoff to the closer), on ``model``.
+
+    ``key`` gives the refund its idempotency key inside the call; ``step`` wraps each
+    tool's function before the SDK's ``function_tool`` (``DBOS.step()`` for DBOS).
+    """
+    step = step or _as_is
+
+    @function_tool(is_enabled=refund_enabled)
+    @step
+    async def refund(order: str, cents: int) -> str:
+        """Refund an order."""
+        return service.refund(order=order, key=key())
+
+    @function_tool
+    @step
+    async def send_email(to: str, text: str) -> str:
+        """E-mail a customer."""
+        return service.send_email(to=to, text=text)
+
+    @function_tool
+    @step
+    async def post_note(text: str) -> str:
+        """Post a note on the order."""
+        return service.post_note(text=text)
+
+    @function_tool
+    @step
+    async def get_order(order: str) -> str:
+        """Read an order."""
+        return json.dumps({"order": order, "cents": 500})
+
+    closer = Agent(name="closer", instructions="Close the case.", model=model)
+    return Agent(
+        name="desk",
+        instructions="Handle refunds.",
+        model=model,
+        tools=[refund, send_email, post_note, get_order],
+        handoffs=[closer],
+    )
 
 
 class DurableAgent:

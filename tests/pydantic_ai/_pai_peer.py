@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for _helpers
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import durably
+from _helpers.peer import kill_once
 from durably import ToolContext
 from pydantic_ai import Agent
 
@@ -54,10 +55,8 @@ def effects(root: Path) -> dict[str, int]:
 def _record(root: Path, name: str, record: dict[str, Any], kill_at: str | None) -> None:
     with (root / f"{name}.jsonl").open("a") as out:
         out.write(json.dumps(record) + "\n")
-    armed = root / "killed"
-    if kill_at is not None and name == _FILES[kill_at] and not armed.exists():
-        armed.touch()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if kill_at is not None and name == _FILES[kill_at]:
+        kill_once(root)
 
 
 def _model(root: Path) -> FunctionModel:

@@ -9,41 +9,16 @@ in tests/testdata/peer-dbos-pydantic-ai.txt and quoted in docs/pydantic-ai.md.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _pai_peer import ANSWER, KILL_POINTS, effects
 
+from _helpers.peer import check_reference, killed_then_resumed
+
 PEER = Path(__file__).parent / "_pai_peer.py"
 REFERENCE = Path(__file__).parent.parent / "testdata" / "peer-dbos-pydantic-ai.txt"
 SYSTEMS = ("dbos", "durably")
-
-
-def _process(
-    system: str, root: Path, phase: str, *kill_at: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(PEER), system, str(root), phase, *kill_at],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def _killed_then_resumed(system: str, root: Path, kill_at: str) -> dict[str, int]:
-    first = _process(system, root, "run", kill_at)
-    assert first.returncode == -signal.SIGKILL, first.stderr
-    assert (root / "killed").exists()
-    second = _process(system, root, "resume")
-    assert second.returncode == 0, second.stderr
-    assert json.loads(second.stdout.splitlines()[-1]) == {"answer": ANSWER}
-    return effects(root)
 
 
 @pytest.mark.slow
@@ -57,7 +32,9 @@ def test_dbos_repeats_the_effect_it_was_killed_after_and_durably_does_not(tmp_pa
     duplicates: dict[tuple[str, str], int] = {}
     for system in SYSTEMS:
         for kill_at in KILL_POINTS:
-            counted = _killed_then_resumed(system, tmp_path / f"{system}-{kill_at}", kill_at)
+            root = tmp_path / f"{system}-{kill_at}"
+            killed_then_resumed(PEER, system, root, kill_at, answer=ANSWER)
+            counted = effects(root)
             extra = sum(n - 1 for n in counted.values())
             duplicates[system, kill_at] = extra
             lines.append(
@@ -65,10 +42,7 @@ def test_dbos_repeats_the_effect_it_was_killed_after_and_durably_does_not(tmp_pa
                 f"{counted['send_email']:7}  {extra:10}"
             )
     text = "\n".join(lines) + "\n"
-    print(text)  # shown with -s: the table the docs quote
-    if os.environ.get("DURABLY_REGENERATE"):
-        REFERENCE.write_text(text)
     for kill_at in KILL_POINTS:
         assert duplicates["dbos", kill_at] >= 1, text
         assert duplicates["durably", kill_at] == 0, text
-    assert text == REFERENCE.read_text()
+    check_reference(text, REFERENCE)  # printed (with -s): the table the docs quote

@@ -1,0 +1,202 @@
+"""Checkpoint cost per turn of one OpenAI Agents SDK agent: DurableRunner vs DBOSRunner vs bare.
+
+The agent runs on a scripted SDK ``Model`` (no network): ``--turns`` turns, each a
+reply calling one tool with about 1 KB of arguments and a tool result of about 1 KB,
+then its answer. The contenders run the same agent side by side in one process, one
+turn at a time in rotating order (``_turns``: a gate per contender, one open at a
+time). A turn is timed from its gate opening (the model's reply handed back) to the
+next model request reaching the gate: the reply's checkpoint, the tool call and its
+checkpoints, and the next request's. Its bytes are what the process passed to
+``write()`` over the same span. The added latency and bytes of a contender are its
+medians minus the bare agent's, measured in the same run.
+
+- bare: ``Runner.run(agent, task)``, nothing saved.
+- durably: ``DurableRunner(JournalStore(dir))`` (fsync on), the tool declared ``keyed``.
+- durably FileStore: ``DurableRunner(FileStore(dir))`` (fsync on): the whole state per save.
+- DBOS: ``DBOSRunner.run`` (``dbos-openai-agents``) inside a ``@DBOS.workflow`` with
+  DBOS's SQLite system database, the tool a ``@DBOS.step`` as its README says (DBOS
+  records each model reply and each tool result as a step).
+
+The comparison runs ``--repeat`` times (3 by default) on fresh files; the verdict is
+on the median of each ratio over the runs. Targets (issue 36): durably's added
+latency per turn at most 0.5x DBOS's, its bytes per turn at most 0.2x.
+
+Run: ``.venv/bin/python benchmarks/openai_agents_turns.py [--repeat 3] [--turns 40] [--dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import _turns
+from _turns import PAYLOAD
+from agents import Agent, ModelResponse, Runner, Usage, function_tool, set_tracing_disabled
+from agents.models.interface import Model
+from agents.testing import assistant_message, function_call
+from dbos import DBOS, SetWorkflowID
+from dbos_openai_agents import DBOSRunner  # type: ignore[import-untyped]
+
+import durably
+from durably._sysio import filesystem_type
+from durably.openai_agents import DurableRunner
+from durably.stores import Store
+
+TARGETS = {"latency": 0.5, "bytes": 0.2}
+"""durably / DBOS ratios of the added cost per turn the issue asks for (at most)."""
+
+CONTENDERS = ("bare", "durably", "durably FileStore", "DBOS")
+TASK = "record the texts"
+
+
+class GateModel(Model):
+    """The scripted model: a tool call per turn, then the answer; each request waits at the gate."""
+
+    def __init__(self, gate: _turns.Gate) -> None:
+        self.gate = gate
+
+    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
+        """The reply to the request's turn, once the driver lets this contender on."""
+        items = [] if isinstance(input, str) else input
+        turn = 1 + sum(_kind(i) == "function_call_output" for i in items)
+        await self.gate.wait()
+        usage = Usage(requests=1, input_tokens=100, output_tokens=20, total_tokens=120)
+        if turn > self.gate.turns:
+            return ModelResponse(output=[assistant_message("done")], usage=usage, response_id=None)
+        output = [
+            assistant_message("Recording."),
+            function_call("record", {"text": PAYLOAD}, call_id=f"call-{turn}"),
+        ]
+        return ModelResponse(output=output, usage=usage, response_id=None)
+
+    def stream_response(self, *a: Any, **k: Any) -> AsyncIterator[Any]:
+        """Not used: every contender runs ``Runner.run``."""
+        raise NotImplementedError("the scripted model does not stream")
+
+
+def _kind(item: Any) -> Any:
+    return item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+
+
+def _as_is(function: Any) -> Any:
+    return function
+
+
+def agent_for(name: str, gate: _turns.Gate, base: Path) -> Callable[[], Awaitable[object]]:
+    """The coroutine function that runs the contender's agent once."""
+    # A step name per repeat: DBOS registers each function once.
+    step: Callable[[Any], Any] = (
+        DBOS.step(name=f"record-{base.parent.name}") if name == "DBOS" else _as_is
+    )
+
+    @function_tool
+    @step
+    async def record(text: str) -> str:
+        """Record a text (about 1 KB back)."""
+        return PAYLOAD
+
+    agent = Agent(name="recorder", instructions="Record.", model=GateModel(gate), tools=[record])
+    run_id = "bench-" + name.replace(" ", "-")
+    if name == "bare":
+        return lambda: Runner.run(agent, TASK, max_turns=gate.turns + 1)
+    if name == "DBOS":
+        DBOS_AGENTS[base.parent.name] = agent, gate.turns + 1
+
+        async def in_workflow() -> object:
+            with SetWorkflowID(f"bench-{base.parent.name}"):
+                return await dbos_run(base.parent.name)
+
+        return in_workflow
+    store: Store = (
+        durably.JournalStore(base / "journal")
+        if name == "durably"
+        else durably.FileStore(base / "files")
+    )
+    runner = DurableRunner(
+        store,
+        effects={"record": durably.Effect.KEYED},
+        key_ttls={"record": timedelta(days=1)},
+    )
+    return lambda: runner.run(agent, TASK, run_id=run_id, max_turns=gate.turns + 1)
+
+
+DBOS_AGENTS: dict[str, tuple[Agent[Any], int]] = {}
+"""The DBOS contender's agent and its turn limit in each repeat, by the repeat's directory name."""
+
+
+@DBOS.workflow()
+async def dbos_run(repeat: str) -> str:
+    """The DBOS contender's agent run, as its integration asks: inside a workflow."""
+    agent, max_turns = DBOS_AGENTS[repeat]
+    return str((await DBOSRunner.run(agent, TASK, max_turns=max_turns)).final_output)
+
+
+async def run_once(turns: int, base: Path) -> _turns.Summary:
+    """Every contender's run, one turn at a time in rotating order, and its medians."""
+    gates = {name: _turns.Gate(name, turns) for name in CONTENDERS}
+    runners = {
+        name: agent_for(name, gates[name], base / name.replace(" ", "-")) for name in CONTENDERS
+    }
+    await _turns.interleave(gates, runners, turns)
+    return _turns.summary(gates)
+
+
+async def all_runs(repeat: int, turns: int, base: Path) -> list[_turns.Summary]:
+    """``repeat`` comparisons, each on fresh files, with DBOS launched over them all."""
+    DBOS.launch()
+    try:
+        return [await run_once(turns, base / f"run{i}") for i in range(repeat)]
+    finally:
+        DBOS.destroy()
+
+
+def main() -> None:
+    """Run the comparison ``--repeat`` times and print each contender's medians and the verdict."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the verdict is on the median")
+    parser.add_argument("--turns", type=int, default=40, help="tool turns per run")
+    parser.add_argument("--dir", type=Path, default=None, help="where the files go (a real disk)")
+    args = parser.parse_args()
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+    set_tracing_disabled(True)  # no network: nothing to export traces to
+    base = Path(tempfile.mkdtemp(prefix="durably-bench-oai-", dir=args.dir))
+    try:
+        DBOS(
+            config={
+                "name": "bench",
+                "system_database_url": f"sqlite:///{base / 'dbos.sqlite'}",
+                "log_level": "WARNING",
+            }
+        )
+        started = time.perf_counter()
+        runs = asyncio.run(all_runs(args.repeat, args.turns, base))
+        wall = time.perf_counter() - started
+        versions = ", ".join(
+            f"{p} {importlib.metadata.version(p)}"
+            for p in ("openai-agents", "dbos-openai-agents", "dbos", "durably")
+        )
+        _turns.report(
+            runs,
+            heading=f"OpenAI Agents SDK agent, {args.turns} tool turns, interleaved; "
+            f"{wall:.1f} s in all",
+            versions=versions,
+            fs_type=filesystem_type(base),
+            ours=("durably", "durably FileStore"),
+            peer="DBOS",
+            targets=TARGETS,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
