@@ -6,11 +6,15 @@
   an MCP server, with the key in the request's ``_meta``;
 - :func:`lookup` and :class:`LookupApp`: "was this key processed, and with
   what result?", for an agent resolving a call left in doubt by a crash;
-- :class:`IdempotencyStore`: the keys and results, in one SQLite file.
+- :class:`IdempotencyStore`: the keys and results, in one SQLite file;
+- :class:`PostgresIdempotencyStore` (``durably.receivers.postgres``): the same
+  in PostgreSQL, where an endpoint's effect can commit with its key
+  (:func:`transaction`).
 
 Nothing here imports a third-party package until it is used.
 """
 
+from ._store import Abandoned as Abandoned
 from ._store import IdempotencyStore as IdempotencyStore
 from ._store import KeyRecord as KeyRecord
 from ._store import KeyState as KeyState
@@ -22,17 +26,22 @@ from .lookup import lookup as lookup
 from .mcp import ReplayedError as ReplayedError
 from .mcp import deduplicated as deduplicated
 from .mcp import key_from_meta as key_from_meta
+from .postgres import PostgresIdempotencyStore as PostgresIdempotencyStore
+from .postgres import transaction as transaction
 
 __all__ = [
     "REPLAYED_HEADER",
+    "Abandoned",
     "IdempotencyMiddleware",
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
     "LookupApp",
+    "PostgresIdempotencyStore",
     "ReplayedError",
     "deduplicated",
     "http_answer",
     "key_from_meta",
     "lookup",
+    "transaction",
 ]

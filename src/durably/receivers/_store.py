@@ -1,12 +1,22 @@
 """Where a receiver keeps its idempotency keys: one SQLite file, durable on every commit.
 
 A key goes through two states. ``claim`` inserts it as *running* with a
-fingerprint of the request (method, path and body, or tool and arguments) and a
-random claim token; ``finish`` stores the result the request produced and marks
-it *done*. Both are single transactions (``BEGIN IMMEDIATE``), so two workers
-sharing the file never both run the same key. The database runs in WAL mode
-with ``synchronous=FULL``: a finished key survives a crash or power cut of the
-service.
+fingerprint of the request (method, path and body, or tool and arguments), a
+random claim token, its owner (host and process) and a lease; ``finish`` stores
+the result the request produced and marks it *done*. Both are single
+transactions (``BEGIN IMMEDIATE``), so two workers sharing the file never both
+run the same key. The database runs in WAL mode with ``synchronous=FULL``: a
+finished key survives a crash or power cut of the service.
+
+A running request renews its lease (:func:`renewing`) until it finishes. A key
+whose lease lapsed belongs to a request that died with its process: it is
+settled, not left in flight for the TTL. The effect of a request on this store
+is never in the keys' transaction, so whether it acted is unknown: a retry is
+answered :class:`Abandoned` and a lookup ``abandoned`` (a person decides). A
+key store that shares a transaction with the effect
+(:class:`~durably.receivers.postgres.PostgresIdempotencyStore`) runs the retry
+instead. A running row written before leases (format 2, no lease) is in flight
+until its TTL, as it always was: nothing says its process died.
 
 Keys are scoped by principal, as Stripe scopes them by account: a receiver
 stores a client's key with a digest of who sent it (its credentials, or the
@@ -26,6 +36,7 @@ All SQLite calls run in a worker thread (``asyncio.to_thread``) under one lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import errno
 import hashlib
@@ -33,15 +44,17 @@ import logging
 import os
 import random
 import secrets
+import socket
 import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
@@ -50,18 +63,23 @@ from ..state import utcnow
 from ..stores._guard import check_trusted, describe_kind
 
 __all__ = [
+    "Abandoned",
     "Busy",
     "Claimed",
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
+    "KeyStore",
     "Mismatch",
     "Replay",
     "Stored",
     "StoredOutcome",
     "StoredResponse",
     "Unstored",
+    "judge",
+    "owner_name",
     "principal_digest",
+    "renewing",
     "valid_key",
 ]
 
@@ -79,6 +97,8 @@ CREATE TABLE IF NOT EXISTS {name} (
     started_at REAL NOT NULL,
     finished_at REAL,
     result BLOB,
+    owner TEXT,
+    lease_until REAL,
     PRIMARY KEY (principal, key)
 ) WITHOUT ROWID
 """
@@ -141,7 +161,11 @@ class KeyState(enum.StrEnum):
     DONE = "done"
     """Processed; the result is stored."""
     IN_FLIGHT = "in-flight"
-    """A request with this key started and has not finished (or its process died)."""
+    """A request with this key started, and its owner still holds its lease."""
+    ABANDONED = "abandoned"
+    """Its request's process died (the lease lapsed) and it may have acted: nobody can tell."""
+    ROLLED_BACK = "rolled-back"
+    """Its request's process died and its effect, transactional with the key, died with it."""
     EXPIRED = "expired"
     """Seen once, but older than the TTL: the result is gone and the key counts as new."""
     UNKNOWN = "unknown"
@@ -157,6 +181,10 @@ class KeyRecord:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     result: Stored | None = None
+    owner: str | None = None
+    """Who ran or runs the request (``host:pid``), when in flight, abandoned or rolled back."""
+    lease_until: datetime | None = None
+    """When the owner's lease ends (ended); None for a key written before leases."""
 
 
 @dataclass(frozen=True)
@@ -185,14 +213,162 @@ class Busy:
     """Another request with this key is still running."""
 
 
+@dataclass(frozen=True)
+class Abandoned(Busy):
+    """The request with this key died with its process, and it may have acted.
+
+    A :class:`Busy` (code written before it refuses the key, never runs it
+    again); the receiver answers it as final, and its lookup says ``abandoned``.
+    """
+
+    owner: str = ""
+    lease_until: datetime | None = None
+
+
 Claim = Claimed | Replay | Mismatch | Busy
 
 MAX_KEY_LENGTH: Final = 255
-FORMAT: Final = 2
-"""The database layout's version, kept in SQLite's ``user_version``."""
+FORMAT: Final = 3
+"""The database layout's version, kept in SQLite's ``user_version`` (3: owner and lease)."""
+DEFAULT_LEASE: Final = timedelta(seconds=30)
+"""How long a running request holds its key unrenewed: a dead one's key settles this long after."""
 
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODER: Final = msgspec.json.Decoder(Stored)
+
+
+class KeyStore(Protocol):
+    """What the middleware, the MCP helper and the lookup need of a key store."""
+
+    lease: timedelta
+
+    async def claim(
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        principal: str = "",
+        wait: float = 0.0,
+        transactional: bool = False,
+    ) -> Claim:
+        """Take the key for a new request, or say why not."""
+        ...
+
+    async def finish(self, claim: Claimed, result: Stored) -> bool:
+        """Store a claimed request's result; False if the claim was taken over."""
+        ...
+
+    async def renew(self, claim: Claimed) -> bool:
+        """Extend a running request's lease; False if the claim was taken over or finished."""
+        ...
+
+    async def record(self, key: str, *, principal: str = "") -> KeyRecord:
+        """What the store knows about ``key`` under ``principal``."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyRow:
+    """One stored key as both stores read it (times as POSIX seconds)."""
+
+    key: str
+    fingerprint: str
+    state: str
+    started_at: float
+    finished_at: float | None
+    result: bytes | None
+    owner: str | None
+    lease_until: float | None
+    transactional: bool = False
+
+
+def judge(row: KeyRow, fingerprint: str, *, now: float, cutoff: float) -> Claim | None:
+    """What a new request with ``row``'s key gets; None: it takes the key and runs.
+
+    One rule for every key store: a key past its TTL is new; another request is
+    a mismatch; a finished key replays; a running key with a live lease (or none:
+    written before leases) is busy; a lapsed one was abandoned by a dead process,
+    and runs again only when its effect was transactional with the key (it rolled
+    back with the process), else it stays :class:`Abandoned`.
+    """
+    if not _live(row.state, row.started_at, row.result, cutoff):
+        return None
+    if row.fingerprint != fingerprint:
+        return Mismatch()
+    if row.state != "running":
+        return Replay(_DECODER.decode(row.result or b""))
+    if row.lease_until is None or row.lease_until > now:
+        return Busy()
+    if row.transactional:
+        return None
+    return Abandoned(owner=row.owner or "", lease_until=_time(row.lease_until))
+
+
+def describe(row: KeyRow | None, key: str, *, now: float, cutoff: float) -> KeyRecord:
+    """The :class:`KeyRecord` a lookup of ``key`` answers from its stored ``row``."""
+    if row is None:
+        return KeyRecord(key=key, state=KeyState.UNKNOWN)
+    started_at = _time(row.started_at)
+    finished_at = _time(row.finished_at)
+    if not _live(row.state, row.started_at, row.result, cutoff):
+        return KeyRecord(
+            key=key, state=KeyState.EXPIRED, started_at=started_at, finished_at=finished_at
+        )
+    if row.state == "running":
+        lapsed = row.lease_until is not None and row.lease_until <= now
+        state = KeyState.IN_FLIGHT
+        if lapsed:
+            state = KeyState.ROLLED_BACK if row.transactional else KeyState.ABANDONED
+        return KeyRecord(
+            key=key,
+            state=state,
+            started_at=started_at,
+            owner=row.owner,
+            lease_until=_time(row.lease_until),
+        )
+    return KeyRecord(
+        key=key,
+        state=KeyState.DONE,
+        started_at=started_at,
+        finished_at=finished_at,
+        result=_DECODER.decode(row.result or b""),
+    )
+
+
+def owner_name() -> str:
+    """This process, as a key's owner: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@asynccontextmanager
+async def renewing(store: KeyStore, claim: Claimed) -> AsyncIterator[None]:
+    """Renew ``claim``'s lease every third of the lease while the body runs.
+
+    A renewal that fails (the store unreachable a moment) is logged and tried
+    again next time; the lease only lapses if no renewal lands for a whole lease.
+    """
+    interval = store.lease.total_seconds() / 3
+
+    async def renew_forever() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await store.renew(claim):
+                    return  # finished, or taken over after a stall: nothing left to hold
+            except Exception:
+                log.exception("renewing the lease of idempotency key %s failed", claim.key)
+
+    task = asyncio.create_task(renew_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _time(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 class IdempotencyStore:
@@ -202,7 +378,10 @@ class IdempotencyStore:
         path: the database file (created if missing; its directory must exist).
         ttl: how long a key is remembered; tell agents a slightly shorter
             ``key_ttl``. Default 24 hours, as Stripe.
-        clock: the time source for key ages (tests move it).
+        clock: the time source for key ages and leases (tests move it).
+        lease: how long a running request holds its key without renewing it
+            (it renews every third of that): a request whose process died is
+            settled this long after its last renewal.
     """
 
     def __init__(
@@ -211,11 +390,15 @@ class IdempotencyStore:
         *,
         ttl: timedelta = timedelta(hours=24),
         clock: Callable[[], datetime] = utcnow,
+        lease: timedelta = DEFAULT_LEASE,
     ) -> None:
         if ttl <= timedelta(0):
             raise ValueError(f"ttl must be positive, got {ttl}")
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
         self.path = Path(path)
         self.ttl = ttl
+        self.lease = lease
         self.clock = clock
         self._lock = threading.Lock()
         identity = _check_database(self.path)
@@ -257,6 +440,11 @@ class IdempotencyStore:
                 db.execute("DROP TABLE durably_idempotency")
                 db.execute("ALTER TABLE durably_idempotency_v2 RENAME TO durably_idempotency")
                 log.info("%s: idempotency keys moved from format %d to %d", self.path, 1, FORMAT)
+            elif columns and "lease_until" not in columns:  # format 2: add owner and lease
+                # Its running rows keep no lease: in flight until their TTL, as they were.
+                db.execute("ALTER TABLE durably_idempotency ADD COLUMN owner TEXT")
+                db.execute("ALTER TABLE durably_idempotency ADD COLUMN lease_until REAL")
+                log.info("%s: idempotency keys moved from format %d to %d", self.path, 2, FORMAT)
             db.execute(_TABLE.format(name="durably_idempotency"))
             db.execute(_INDEX)
             db.execute(f"PRAGMA user_version = {FORMAT}")
@@ -271,20 +459,40 @@ class IdempotencyStore:
             self._db.close()
 
     async def claim(
-        self, key: str, fingerprint: str, *, principal: str = "", wait: float = 0.0
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        principal: str = "",
+        wait: float = 0.0,
+        transactional: bool = False,
     ) -> Claim:
         """Take the key for a new request, or say why not.
 
         ``principal`` is the sender's :func:`principal_digest` ("" for nobody in
         particular): the same key under another principal is another key.
         While another request holds the key, poll for up to ``wait`` seconds
-        for it to finish, then answer :class:`Busy`.
+        for it to finish, then answer :class:`Busy`; a holder whose lease
+        lapsed is :class:`Abandoned` at once.
+
+        Raises:
+            ValueError: ``transactional``: a request's effect cannot share a
+                transaction with this SQLite file.
         """
+        if transactional:
+            raise ValueError(
+                f"{self.path}: an SQLite key file cannot share a transaction with the "
+                "endpoint's effect; use PostgresIdempotencyStore for transactional endpoints"
+            )
         deadline = time.monotonic() + max(wait, 0.0)
         pause = 0.01
         while True:
             outcome = await self._run(self._claim, key, fingerprint, principal)
-            if not isinstance(outcome, Busy) or time.monotonic() >= deadline:
+            if (
+                not isinstance(outcome, Busy)
+                or isinstance(outcome, Abandoned)
+                or time.monotonic() >= deadline
+            ):
                 return outcome
             await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
             pause = min(pause * 2, 0.1)
@@ -292,6 +500,10 @@ class IdempotencyStore:
     async def finish(self, claim: Claimed, result: Stored) -> bool:
         """Store a claimed request's result; False if the claim expired and was taken over."""
         return await self._run(self._finish, claim, _ENCODER.encode(result))
+
+    async def renew(self, claim: Claimed) -> bool:
+        """Extend a running request's lease; False if it finished or was taken over."""
+        return await self._run(self._renew, claim)
 
     async def record(self, key: str, *, principal: str = "") -> KeyRecord:
         """What the store knows about ``key`` under ``principal`` (see :meth:`claim`)."""
@@ -312,27 +524,24 @@ class IdempotencyStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            row = db.execute(
-                "SELECT fingerprint, state, started_at, result FROM durably_idempotency"
-                " WHERE principal = ? AND key = ?",
-                (principal, key),
-            ).fetchone()
-            outcome: Claim
-            if row is not None and _live(row[1], row[2], row[3], cutoff):
-                stored_fingerprint, state, _, result = row
-                if stored_fingerprint != fingerprint:
-                    outcome = Mismatch()
-                elif state == "running":
-                    outcome = Busy()
-                else:
-                    outcome = Replay(_DECODER.decode(result))
-            else:
+            row = self._row(key, principal)
+            outcome = judge(row, fingerprint, now=now, cutoff=cutoff) if row else None
+            if outcome is None:
                 token = secrets.token_hex(16)
                 db.execute(
                     "INSERT OR REPLACE INTO durably_idempotency"
                     " (principal, key, fingerprint, token, state, started_at, finished_at,"
-                    " result) VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL)",
-                    (principal, key, fingerprint, token, now),
+                    " result, owner, lease_until)"
+                    " VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL, ?, ?)",
+                    (
+                        principal,
+                        key,
+                        fingerprint,
+                        token,
+                        now,
+                        owner_name(),
+                        now + self.lease.total_seconds(),
+                    ),
                 )
                 # Expired results are dead weight; their rows stay as tombstones.
                 db.execute(
@@ -347,6 +556,39 @@ class IdempotencyStore:
             raise
         return outcome
 
+    def _row(self, key: str, principal: str) -> KeyRow | None:
+        found = self._db.execute(
+            "SELECT fingerprint, state, started_at, finished_at, result, owner, lease_until"
+            " FROM durably_idempotency WHERE principal = ? AND key = ?",
+            (principal, key),
+        ).fetchone()
+        if found is None:
+            return None
+        fingerprint, state, started, finished, result, owner, lease_until = found
+        return KeyRow(
+            key=key,
+            fingerprint=fingerprint,
+            state=state,
+            started_at=started,
+            finished_at=finished,
+            result=result,
+            owner=owner,
+            lease_until=lease_until,
+        )
+
+    def _renew(self, claim: Claimed) -> bool:
+        cursor = self._db.execute(
+            "UPDATE durably_idempotency SET lease_until = ?"
+            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
+            (
+                self.clock().timestamp() + self.lease.total_seconds(),
+                claim.principal,
+                claim.key,
+                claim.token,
+            ),
+        )
+        return cursor.rowcount == 1
+
     def _finish(self, claim: Claimed, result: bytes) -> bool:
         cursor = self._db.execute(
             "UPDATE durably_idempotency SET state = 'done', finished_at = ?, result = ?"
@@ -356,28 +598,9 @@ class IdempotencyStore:
         return cursor.rowcount == 1
 
     def _record(self, key: str, principal: str = "") -> KeyRecord:
-        row = self._db.execute(
-            "SELECT state, started_at, finished_at, result FROM durably_idempotency"
-            " WHERE principal = ? AND key = ?",
-            (principal, key),
-        ).fetchone()
-        if row is None:
-            return KeyRecord(key=key, state=KeyState.UNKNOWN)
-        state, started, finished, result = row
-        started_at = datetime.fromtimestamp(started, UTC)
-        finished_at = datetime.fromtimestamp(finished, UTC) if finished is not None else None
-        if not _live(state, started, result, self.clock().timestamp() - self.ttl.total_seconds()):
-            return KeyRecord(
-                key=key, state=KeyState.EXPIRED, started_at=started_at, finished_at=finished_at
-            )
-        if state == "running":
-            return KeyRecord(key=key, state=KeyState.IN_FLIGHT, started_at=started_at)
-        return KeyRecord(
-            key=key,
-            state=KeyState.DONE,
-            started_at=started_at,
-            finished_at=finished_at,
-            result=_DECODER.decode(result),
+        now = self.clock().timestamp()
+        return describe(
+            self._row(key, principal), key, now=now, cutoff=now - self.ttl.total_seconds()
         )
 
 
