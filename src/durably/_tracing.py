@@ -126,6 +126,7 @@ class RunTrace:
         )
         self._in_process = trace.set_span_in_context(self.process)
         self._turn: Any = None
+        self._in_turn: Any = None
         self._turn_number = 0
         self._chat: Any = None
         self._ladder: dict[str, dict[str, Any]] = {}
@@ -140,7 +141,7 @@ class RunTrace:
         self._end_chat("the model call ended without a saved reply")
         self._chat = self._start(
             f"chat {model}",
-            self._trace.set_span_in_context(self._turn_span(turn)),
+            self._turn_span(turn),
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.request.model": model,
@@ -238,19 +239,20 @@ class RunTrace:
     # -- helpers ---------------------------------------------------------------------
 
     def _turn_span(self, turn: int) -> Any:
-        """The span of turn ``turn`` (its model call and the calls of its reply), opened once."""
+        """The context of turn ``turn``'s span (its model call, its reply's calls), opened once."""
         if self._turn is None or turn != self._turn_number:
             self._end(self._turn)
             self._turn_number = turn
             self._turn = self._start(
                 f"durably.turn {turn}", self._in_process, {"durably.turn": turn}
             )
-        return self._turn
+            self._in_turn = self._trace.set_span_in_context(self._turn)
+        return self._in_turn
 
     def _tool_span(self, turn: int, call_id: str, tool: str, attributes: dict[str, Any]) -> Any:
         return self._start(
             f"execute_tool {tool}",
-            self._trace.set_span_in_context(self._turn_span(turn)),
+            self._turn_span(turn),
             {
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": tool,
