@@ -246,3 +246,60 @@ def test_a_tool_exception_reaches_the_run_as_it_was_when_traced(
     assert result.content == "Unshowable: <the message could not be shown: RuntimeError>"
     (span,) = [s for s in spans.get_finished_spans() if s.name == "execute_tool odd"]
     assert (span.status.status_code.name, span.status.description) == ("ERROR", "Unshowable")
+
+
+def test_an_openai_agents_run_is_traced_by_the_engine_it_runs_on(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """The OpenAI Agents front end gets the same spans with no code of its own: a chat span
+    per model request with its tokens, an execute_tool span for its function tool.
+    """
+    from agents import Agent as SdkAgent
+    from agents import ModelResponse, function_tool, set_tracing_disabled
+    from agents import Usage as SdkUsage
+    from agents.models.interface import Model
+    from agents.testing import assistant_message, function_call
+
+    from durably.openai_agents import DurableRunner
+
+    class Scripted(Model):
+        async def get_response(
+            self, system_instructions: Any, input: Any, *a: Any, **k: Any
+        ) -> Any:
+            answered = not isinstance(input, str) and any(
+                (i.get("type") if isinstance(i, dict) else getattr(i, "type", None))
+                == "function_call_output"
+                for i in input
+            )
+            output = (
+                [assistant_message("found")]
+                if answered
+                else [function_call("look", {"order": "1042"}, call_id="o1")]
+            )
+            usage = SdkUsage(requests=1, input_tokens=70, output_tokens=7, total_tokens=77)
+            return ModelResponse(output=output, usage=usage, response_id=None)
+
+        def stream_response(self, *a: Any, **k: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    async def look(order: str) -> str:
+        """Read an order."""
+        return f"order {order}"
+
+    set_tracing_disabled(True)  # the SDK's own tracing would export to OpenAI
+    agent = SdkAgent(name="desk", instructions="Look it up.", model=Scripted(), tools=[look])
+    runner = DurableRunner(FileStore(tmp_path / "runs"), effects={"look": Effect.READ})
+    result = asyncio.run(runner.run(agent, "look it up", run_id="oai-traced"))
+    assert result.final_output == "found"
+    ours = [
+        s
+        for s in spans.get_finished_spans()
+        if s.instrumentation_scope and s.instrumentation_scope.name == "durably"
+    ]
+    assert {s.context.trace_id for s in ours if s.context} == {_tracing.trace_id_of("oai-traced")}
+    chats = [s for s in ours if s.name.startswith("chat ")]
+    assert [(s.attributes or {}).get("gen_ai.usage.input_tokens") for s in chats] == [70, 70]
+    (tool_span,) = [s for s in ours if s.name == "execute_tool look"]
+    assert (tool_span.attributes or {}).get("gen_ai.tool.call.id") == "o1"
+    assert [s.name for s in ours if s.name.startswith("invoke_agent")] == ["invoke_agent durably"]
