@@ -5,6 +5,7 @@ in flight for the TTL: run again where the effect commits with the key, abandone
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -16,14 +17,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 from _orders_world import CHILD_TIMEOUT, jsonl
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 
-from durably.receivers import IdempotencyStore, KeyState
+from durably.receivers import (
+    IdempotencyStore,
+    KeyState,
+    PostgresIdempotencyStore,
+    deduplicated,
+    transaction,
+)
 from durably.receivers._store import Busy, Claimed, StoredResponse
+from durably.receivers.mcp import META_KEY
 
 HERE = Path(__file__).parent
 KEY = "7d0f6c2b9a8e4f31b5c4d3e2f1a09876"
@@ -202,3 +214,100 @@ def test_a_format_2_running_key_stays_in_flight_until_its_ttl(tmp_path: Path) ->
 
 def _done() -> StoredResponse:
     return StoredResponse(status=201, headers=[], body=b"{}")
+
+
+@pytest.mark.postgres
+def test_a_stalled_transactional_owner_loses_its_key_and_its_effect(pg_dsn: str) -> None:
+    """A transactional request stalled past its lease is taken over by the retry: the retry's
+    effect and result commit, the stalled one's finish fails and its effect rolls back.
+    """
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (who text NOT NULL)")
+
+    async def body() -> tuple[bool, bool, KeyState]:
+        async with PostgresIdempotencyStore(
+            pg_dsn, lease=timedelta(seconds=30), clock=lambda: now[0]
+        ) as store:
+            stalled = await store.claim(KEY, "f", transactional=True)
+            assert isinstance(stalled, Claimed)
+            async with store.effect(stalled) as first:
+                await transaction().execute("INSERT INTO orders VALUES ('stalled')")
+                now[0] += timedelta(seconds=31)  # its lease lapses while it stalls
+                retry = await store.claim(KEY, "f", transactional=True)
+                assert isinstance(retry, Claimed)
+                async with store.effect(retry) as second:
+                    await transaction().execute("INSERT INTO orders VALUES ('retry')")
+                    retried = await second.finish(_done())
+                late = await first.finish(_done())
+            return retried, late, (await store.record(KEY)).state
+
+    assert asyncio.run(body()) == (True, False, KeyState.DONE)
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT who FROM orders").fetchall() == [("retry",)]
+
+
+@pytest.mark.postgres
+def test_a_postgres_key_replays_refuses_a_changed_request_and_waits_out_a_live_lease(
+    pg_dsn: str,
+) -> None:
+    """The Postgres key store follows the file store's rules: a finished key replays, another
+    request under it is a mismatch, a live lease is busy, and an abandoned key stays refused.
+    """
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    async def body() -> list[str]:
+        async with PostgresIdempotencyStore(
+            pg_dsn, lease=timedelta(seconds=30), clock=lambda: now[0]
+        ) as store:
+            first = await store.claim(KEY, "f")
+            assert isinstance(first, Claimed)
+            seen = [type(await store.claim(KEY, "f")).__name__]
+            assert await store.finish(first, _done())
+            seen += [type(await store.claim(KEY, "f")).__name__]
+            seen += [type(await store.claim(KEY, "g")).__name__]
+            other = await store.claim("another-key", "f")
+            assert isinstance(other, Claimed)
+            now[0] += timedelta(seconds=31)
+            seen += [type(await store.claim("another-key", "f")).__name__]
+            seen += [(await store.record("another-key")).state.value]
+            return seen
+
+    assert asyncio.run(body()) == ["Busy", "Replay", "Mismatch", "Abandoned", "abandoned"]
+
+
+def test_an_mcp_call_whose_first_call_died_is_refused_not_run_again(tmp_path: Path) -> None:
+    """A deduplicated MCP tool call whose first call with the key never finished (its holder
+    gone, its lease lapsed) is an error saying it may have acted; the tool does not run again.
+    """
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    store = IdempotencyStore(tmp_path / "keys.sqlite3", clock=lambda: now[0])
+    ran: list[str] = []
+    entered, hang = asyncio.Event(), asyncio.Event()
+
+    async def place(item: str, ctx: Context) -> str:
+        ran.append(item)
+        entered.set()
+        await hang.wait()
+        return "placed"
+
+    tool = deduplicated(store)(place)
+    ctx: Any = SimpleNamespace(request_context=SimpleNamespace(meta={META_KEY: KEY}))
+
+    async def body() -> str:
+        first = asyncio.create_task(tool("widget", ctx))
+        await entered.wait()
+        first.cancel()  # its holder is gone without a result, as a killed server's
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        now[0] += store.lease + timedelta(seconds=1)
+        with pytest.raises(ToolError) as refused:
+            await tool("widget", ctx)
+        return str(refused.value)
+
+    try:
+        said = asyncio.run(body())
+    finally:
+        store.close()
+    assert "died with its server process" in said
+    assert ran == ["widget"]
