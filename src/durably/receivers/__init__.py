@@ -18,6 +18,8 @@ from ._store import Abandoned as Abandoned
 from ._store import IdempotencyStore as IdempotencyStore
 from ._store import KeyRecord as KeyRecord
 from ._store import KeyState as KeyState
+from ._store import KeyStore as KeyStore
+from ._store import renewing as renewing
 from .asgi import REPLAYED_HEADER as REPLAYED_HEADER
 from .asgi import IdempotencyMiddleware as IdempotencyMiddleware
 from .asgi import LookupApp as LookupApp
@@ -36,6 +38,7 @@ __all__ = [
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
+    "KeyStore",
     "LookupApp",
     "PostgresIdempotencyStore",
     "ReplayedError",
@@ -43,5 +46,6 @@ __all__ = [
     "http_answer",
     "key_from_meta",
     "lookup",
+    "renewing",
     "transaction",
 ]
