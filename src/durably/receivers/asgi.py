@@ -317,7 +317,12 @@ class IdempotencyMiddleware:
                     # Marked before the first byte leaves: a client that saw any of it
                     # and retries is refused, never run again.
                     finished = passing = True
-                    await store(Unstored(status=status, limit=self.max_response))
+                    if not await store(Unstored(status=status, limit=self.max_response)) and (
+                        finish is not None
+                    ):  # stalled past the lease, taken over: its effect rolled back
+                        passing = False  # the rest of the response is dropped
+                        await _send_json(send, 409, _TAKEN_OVER | {"key": claim.key})
+                        return
                     await send(start or {"type": "http.response.start", "status": status})
                     body = b"".join(chunks)
                     chunks.clear()
@@ -335,9 +340,11 @@ class IdempotencyMiddleware:
                     )
                     # Durable before the client sees it: a client that got an answer can
                     # always get the same answer again.
-                    if await store(response):
+                    if await store(response) or finish is None:
+                        # (Unstored only when a new request took the key after the TTL:
+                        # this one acted all the same, and its client gets its answer.)
                         await _send_stored(send, response, replayed=False)
-                    else:  # stalled past the lease; the retry that took the key answers
+                    else:  # stalled past the lease, taken over: its effect rolled back
                         await _send_json(send, 409, _TAKEN_OVER | {"key": claim.key})
 
         try:
