@@ -311,3 +311,63 @@ def test_an_mcp_call_whose_first_call_died_is_refused_not_run_again(tmp_path: Pa
         store.close()
     assert "died with its server process" in said
     assert ran == ["widget"]
+
+
+@pytest.mark.postgres
+def test_a_stalled_transactional_request_answers_409_after_its_retry_took_the_key(
+    pg_dsn: str,
+) -> None:
+    """Through the middleware: a transactional request stalled past its lease loses its key to
+    the retry, which runs and answers 201; the stalled one then answers 409, its order undone.
+    """
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from durably.receivers import IdempotencyMiddleware
+
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (who text NOT NULL)")
+
+    async def body() -> tuple[int, int, dict[str, Any]]:
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def place(request: Request) -> Response:
+            who = request.headers["x-who"]
+            await transaction().execute("INSERT INTO orders VALUES (%s)", (who,))
+            if who == "stalled":
+                entered.set()
+                await release.wait()
+            return JSONResponse({"placed": who}, status_code=201)
+
+        async with PostgresIdempotencyStore(
+            pg_dsn, lease=timedelta(seconds=30), clock=lambda: now[0]
+        ) as store:
+            app = IdempotencyMiddleware(
+                Starlette(routes=[Route("/orders", place, methods=["POST"])]),
+                store=store,
+                wait=0.0,
+                transactional=True,
+            )
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://shop") as client:
+
+                async def post(who: str) -> httpx.Response:
+                    headers = {"Idempotency-Key": KEY, "X-Who": who}
+                    return await client.post("/orders", content=BODY, headers=headers)
+
+                stalled = asyncio.create_task(post("stalled"))
+                await entered.wait()
+                now[0] += timedelta(seconds=31)
+                retry = await post("retry")
+                release.set()
+                late = await stalled
+        return retry.status_code, late.status_code, late.json()
+
+    retry, late, said = asyncio.run(body())
+    assert (retry, late, said["error"]) == (201, 409, "idempotency-key-in-flight")
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT who FROM orders").fetchall() == [("retry",)]
