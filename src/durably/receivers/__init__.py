@@ -14,12 +14,12 @@
 Nothing here imports a third-party package until it is used.
 """
 
-from ._store import Abandoned as Abandoned
+from ._keys import Abandoned as Abandoned
+from ._keys import KeyRecord as KeyRecord
+from ._keys import KeyState as KeyState
+from ._keys import KeyStore as KeyStore
+from ._keys import renewing as renewing
 from ._store import IdempotencyStore as IdempotencyStore
-from ._store import KeyRecord as KeyRecord
-from ._store import KeyState as KeyState
-from ._store import KeyStore as KeyStore
-from ._store import renewing as renewing
 from .asgi import REPLAYED_HEADER as REPLAYED_HEADER
 from .asgi import IdempotencyMiddleware as IdempotencyMiddleware
 from .asgi import LookupApp as LookupApp

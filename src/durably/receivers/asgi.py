@@ -67,7 +67,7 @@ from typing import Any, Final
 import msgspec
 
 from ..transports.http import IDEMPOTENCY_HEADER
-from ._store import (
+from ._keys import (
     Abandoned,
     Busy,
     Claimed,

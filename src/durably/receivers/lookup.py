@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ..transports.http import ORIGINAL_STATUS_HEADER
-from ._store import (
+from ._keys import (
     KeyRecord,
     KeyState,
     KeyStore,

@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..transports.mcp import META_KEY
-from ._store import (
+from ._keys import (
     Abandoned,
     Busy,
     Claimed,

@@ -28,10 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
 from ..state import utcnow
-from ._store import (
+from ._keys import (
     DEFAULT_LEASE,
     Abandoned,
     Busy,
@@ -41,6 +39,7 @@ from ._store import (
     KeyRow,
     Stored,
     describe,
+    encode_result,
     judge,
     owner_name,
 )
@@ -73,7 +72,6 @@ _SCHEMA_LOCK: Final = 0x6475726162  # "durab": concurrent first opens create the
 _COLUMNS: Final = (
     "fingerprint, state, started_at, finished_at, result, owner, lease_until, transactional"
 )
-_ENCODER: Final = msgspec.json.Encoder()
 
 _current: contextvars.ContextVar[Effect] = contextvars.ContextVar("durably_receiver_effect")
 
@@ -119,7 +117,7 @@ class Effect:
             " WHERE principal = %s AND key = %s AND token = %s AND state = 'running'",
             (
                 self.store.clock().timestamp(),
-                _ENCODER.encode(result),
+                encode_result(result),
                 self.claim.principal,
                 self.claim.key,
                 self.claim.token,
@@ -286,7 +284,7 @@ class PostgresIdempotencyStore:
                 " WHERE principal = %s AND key = %s AND token = %s AND state = 'running'",
                 (
                     self.clock().timestamp(),
-                    _ENCODER.encode(result),
+                    encode_result(result),
                     claim.principal,
                     claim.key,
                     claim.token,
