@@ -66,7 +66,7 @@ class LookupAnswer:
 async def lookup(store: KeyStore, key: str, *, principal: str = "") -> KeyRecord:
     """What ``store`` knows about ``key``: done (with the result), in flight, abandoned, etc.
 
-    ``principal`` is the asker's :func:`~durably.receivers._store.principal_digest`:
+    ``principal`` is the asker's :func:`~durably.receivers._keys.principal_digest`:
     a key is looked up within its principal's scope, so one client cannot read
     another's stored response.
 

@@ -1,7 +1,7 @@
 """Receiver keys in PostgreSQL: shared by a service's machines, and transactional with its effect.
 
 :class:`PostgresIdempotencyStore` keeps the same keys, with the same rules
-(:func:`~durably.receivers._store.judge`), as the SQLite
+(:func:`~durably.receivers._keys.judge`), as the SQLite
 :class:`~durably.receivers.IdempotencyStore`, in one table of the service's own
 database. It adds what a file cannot: an endpoint may declare its effect
 *transactional* with the key (``IdempotencyMiddleware(..., transactional=True)``).
