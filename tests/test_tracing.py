@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +33,20 @@ from durably.state import ToolResult
 
 HELPERS = Path(__file__).parent / "_helpers"
 CHILD_TIMEOUT = 120
-_EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """The in-memory exporter of this process's tracer provider (set once), emptied."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """An in-memory exporter behind a tracer provider that durably sees during this test only.
+
+    Not the global provider (set once per process, for good): every later test in the
+    session would trace too.
+    """
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    return exporter
 
 
 def child(command: str, directory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
