@@ -303,3 +303,19 @@ def test_an_openai_agents_run_is_traced_by_the_engine_it_runs_on(
     (tool_span,) = [s for s in ours if s.name == "execute_tool look"]
     assert (tool_span.attributes or {}).get("gen_ai.tool.call.id") == "o1"
     assert [s.name for s in ours if s.name.startswith("invoke_agent")] == ["invoke_agent durably"]
+
+
+def test_a_span_open_when_the_run_starts_is_linked_not_made_the_parent(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """A run started inside the caller's span (an HTTP request's) keeps its own trace, and
+    its invoke_agent span links to the caller's span.
+    """
+    caller = trace.get_tracer_provider().get_tracer("app")
+    with caller.start_as_current_span("POST /refunds") as request:
+        asyncio.run(agent(tmp_path).run("order a widget", run_id=RUN_ID))
+    finished = spans.get_finished_spans()
+    (run,) = [s for s in finished if s.name == "invoke_agent durably"]
+    assert run.context is not None
+    assert run.context.trace_id == _tracing.trace_id_of(RUN_ID)
+    assert [link.context for link in run.links] == [request.get_span_context()]
