@@ -173,11 +173,15 @@ async def opened_session(
     clock: Callable[[], datetime],
     workspace: Workspace | None,
     observer: Callable[[Event], None] | None,
+    restarting: bool | None = None,
 ) -> RunSession:
     """The engine's session on a run just opened: temp files cleared, the restart counted.
 
     A new run says it started; an unfinished one counts its restart and checks its
-    workspace before anything else happens.
+    workspace before anything else happens. ``restarting`` overrides "unfinished"
+    for a front end that opens a run more than once per process, or whose run rests
+    between its framework's turns (``durably.langgraph``: a thread whose calls are
+    all answered is at rest, not crashed).
     """
     if workspace is not None:
         workspace.remove_temp_files()
@@ -193,7 +197,7 @@ async def opened_session(
     if fresh:
         faults.point(SavePoint.START.crash_point)
         session.emit("started", task=state.task)
-    elif state.phase is not Phase.DONE:
+    elif (state.phase is not Phase.DONE) if restarting is None else restarting:
         await session.count_restart()
         session.check_workspace()
     return session

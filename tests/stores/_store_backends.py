@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 
+from durably.postgres import PostgresStore
 from durably.stores import Store
 from durably.stores.file import FileStore
-from durably.stores.postgres import PostgresStore
+from durably.testing.stores import StoreUnderTest
 
 
 @dataclass(frozen=True)
@@ -23,24 +23,26 @@ class Backend:
     """A store backend under test."""
 
     name: str
-    open: Callable[[], AbstractAsyncContextManager[Store]]
+    make: Callable[[], Store]
     """A store on the backend's place (a new object each time, the same runs)."""
     plant: Callable[[str, bytes], None]
     """Replace what the store keeps as a run's state with these bytes."""
     raw: Callable[[str], bytes]
     """What the store keeps as a run's state, byte for byte."""
 
-
-def file_backend(directory: Path, store_class: type[FileStore] = FileStore) -> Backend:
-    """A file store (or a subclass with the same layout) in ``directory``."""
-
     @contextlib.asynccontextmanager
-    async def open_store() -> AsyncIterator[Store]:
-        store = store_class(directory)
-        try:
+    async def open(self) -> AsyncIterator[Store]:
+        """A new store object, closed on the way out."""
+        async with self.make() as store:
             yield store
-        finally:
-            await store.close()
+
+    def subject(self) -> StoreUnderTest:
+        """The backend as ``durably.testing.stores`` takes a store."""
+        return StoreUnderTest(name=self.name, make=self.make, plant=self.plant, raw=self.raw)
+
+
+def file_backend(directory: Path, store_class: Callable[[Path], Store] = FileStore) -> Backend:
+    """A store with the file stores' layout (one ``<run>.json`` per run) in ``directory``."""
 
     def plant(run_id: str, data: bytes) -> None:
         (directory / f"{run_id}.json").write_bytes(data)
@@ -48,16 +50,12 @@ def file_backend(directory: Path, store_class: type[FileStore] = FileStore) -> B
     def raw(run_id: str) -> bytes:
         return (directory / f"{run_id}.json").read_bytes()
 
-    return Backend(name=store_class.__name__, open=open_store, plant=plant, raw=raw)
+    name = getattr(store_class, "__name__", "file store")
+    return Backend(name=name, make=lambda: store_class(directory), plant=plant, raw=raw)
 
 
 def postgres_backend(dsn: str, *, lease: timedelta = timedelta(seconds=30)) -> Backend:
     """A Postgres store on ``dsn``."""
-
-    @contextlib.asynccontextmanager
-    async def open_store() -> AsyncIterator[Store]:
-        async with PostgresStore(dsn, lease=lease) as store:
-            yield store
 
     def plant(run_id: str, data: bytes) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -77,4 +75,6 @@ def postgres_backend(dsn: str, *, lease: timedelta = timedelta(seconds=30)) -> B
             assert row is not None
             return bytes(row[0])
 
-    return Backend(name="PostgresStore", open=open_store, plant=plant, raw=raw)
+    return Backend(
+        name="PostgresStore", make=lambda: PostgresStore(dsn, lease=lease), plant=plant, raw=raw
+    )

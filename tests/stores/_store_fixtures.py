@@ -1,5 +1,6 @@
 """Fixtures of the store tests: a throwaway PostgreSQL cluster, a fresh schema per test,
-and ``any_store``, which runs a test once per store backend.
+``any_store``, which runs a test once per store backend, and ``every_store``, which runs the
+conformance suite once per store durably ships.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 from _pg_cluster import Cluster
 from _store_backends import Backend, file_backend, postgres_backend
 
+from durably.langgraph._thread import ThreadStore
+from durably.stores.directory import DirectoryStore
 from durably.stores.journal import JournalStore
 
 
@@ -43,7 +46,26 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
     ),
     "postgres": lambda request: postgres_backend(request.getfixturevalue("pg_dsn")),
 }
-"""Every store backend the conformance suite runs against; a new backend is one line."""
+"""The store backends of the runs' own layouts, which the property tests run against."""
+
+
+def _implements_store(cls: type) -> bool:
+    """Whether a class has every method of the ``Store`` protocol."""
+    members = ("create", "open", "read", "list_runs", "describe", "close", "__aenter__")
+    return all(callable(getattr(cls, name, None)) for name in members)
+
+
+EVERY_STORE: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
+    **STORES,
+    "directory": lambda request: file_backend(
+        request.getfixturevalue("tmp_path") / "runs", DirectoryStore
+    ),
+}
+"""Every store durably ships, for the conformance suite (``durably.testing.stores``)."""
+if _implements_store(ThreadStore):  # today by inheriting the journal store's runs
+    EVERY_STORE["langgraph-thread"] = lambda request: file_backend(
+        request.getfixturevalue("tmp_path") / "threads", ThreadStore
+    )
 
 _MARKS = {"postgres": [pytest.mark.postgres]}
 
@@ -52,6 +74,12 @@ _MARKS = {"postgres": [pytest.mark.postgres]}
 def any_store(request: pytest.FixtureRequest) -> Backend:
     """One store backend, fresh and empty, with hooks to plant and read its raw bytes."""
     return STORES[request.param](request)
+
+
+@pytest.fixture(params=[pytest.param(name, marks=_MARKS.get(name, [])) for name in EVERY_STORE])
+def every_store(request: pytest.FixtureRequest) -> Backend:
+    """One store durably ships, fresh and empty, with hooks to plant and read its raw bytes."""
+    return EVERY_STORE[request.param](request)
 
 
 @pytest.fixture

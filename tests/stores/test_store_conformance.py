@@ -1,24 +1,39 @@
-"""The store conformance suite: every backend in ``conftest.STORES`` keeps these rules."""
+"""The store conformance suite (``durably.testing.stores``) against every store durably ships,
+and against stores broken on purpose, each of which it must catch.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import unittest
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Self, TypeVar
 
+import msgspec
 import pytest
-from _store_backends import Backend
+from _store_backends import Backend, file_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durably
-from _helpers.samples import sized_state, state_a, state_b, without_saved_at
-from durably.state import FORMAT, Phase, RunState
+from _helpers.samples import state_a, without_saved_at
+from durably.state import Phase, RunState
 from durably.stores import RunHandle, Store
-from durably.stores._envelope import seal
+from durably.stores.file import FileStore
+from durably.testing.stores import (
+    CHECKS,
+    Check,
+    ConformanceError,
+    StoreUnderTest,
+    first_state,
+    full_state,
+)
 
 T = TypeVar("T")
+
+BY_NAME = {check.name: check for check in CHECKS}
 
 
 def on(backend: Backend, scenario: Callable[[Store], Awaitable[T]]) -> T:
@@ -31,200 +46,155 @@ def on(backend: Backend, scenario: Callable[[Store], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-def test_a_created_run_opens_and_reads_as_it_was_created(any_store: Backend) -> None:
-    """A created run opens, and reads, with exactly the state it was created with."""
-
-    async def scenario(store: Store) -> tuple[RunState, RunState]:
-        assert isinstance(store, Store)
-        handle = await store.create(state_a("r1"))
-        assert isinstance(handle, RunHandle)
-        assert handle.run_id == "r1"
-        await handle.close()
-        handle, opened = await store.open("r1")
-        await handle.close()
-        return opened, await store.read("r1")
-
-    opened, read = on(any_store, scenario)
-    assert without_saved_at(opened) == state_a("r1")
-    assert without_saved_at(read) == state_a("r1")
-    assert opened.saved_at is not None
+@pytest.mark.parametrize("check", CHECKS, ids=str)
+def test_every_store_keeps_every_rule(every_store: Backend, check: Check) -> None:
+    """Each store durably ships (snapshot, journal, directory, Postgres, LangGraph's thread
+    store) keeps each rule of the public suite.
+    """
+    check.run(every_store.subject())
 
 
-def test_a_saved_state_round_trips_through_close_and_reopen(any_store: Backend) -> None:
-    """The newest save is what the next open loads, field for field, from another store object."""
-
-    async def first(store: Store) -> None:
-        async with await store.create(state_a("r1")) as handle:
-            await handle.save(state_b("r1"))
-            await handle.save(sized_state("r1", 50_000))
-            await handle.save(state_b("r1"))
-
-    async def second(store: Store) -> RunState:
-        handle, state = await store.open("r1")
-        await handle.close()
-        return state
-
-    on(any_store, first)
-    assert without_saved_at(on(any_store, second)) == state_b("r1")
+def test_the_full_state_leaves_no_field_at_its_default() -> None:
+    """The state the suite round-trips sets every field, so a store forgetting one is caught."""
+    bare = msgspec.structs.asdict(
+        RunState(run_id="r1", task="t", created_at=first_state("r1").created_at)
+    )
+    full = msgspec.structs.asdict(full_state("r1"))
+    at_default = {
+        name
+        for name in bare
+        if name not in ("run_id", "task", "created_at", "format", "saved_at")
+        and full[name] == bare[name]
+    }
+    assert not at_default
 
 
-def test_a_used_run_id_cannot_be_created_again(any_store: Backend) -> None:
-    """Creating a run whose ID exists is refused, while open and after close; the run is kept."""
-
-    async def scenario(store: Store) -> RunState:
-        handle = await store.create(state_a("r1"))
-        await handle.save(state_b("r1"))
-        # While the run is open the file store meets its lock first: Locked is as good
-        # a refusal as RunExists there. Once closed, only RunExists is right.
-        with pytest.raises((durably.RunExists, durably.Locked)) as caught:
-            await store.create(state_a("r1"))
-        assert isinstance(caught.value, (durably.RunExists, durably.Locked))
-        assert caught.value.run_id == "r1"
-        await handle.close()
-        with pytest.raises(durably.RunExists):
-            await store.create(state_a("r1"))
-        return await store.read("r1")
-
-    assert without_saved_at(on(any_store, scenario)) == state_b("r1")
+# -- stores broken on purpose: the suite must fail each, at the rule it breaks ----------------
 
 
-def test_an_unknown_run_is_run_not_found(any_store: Backend) -> None:
-    """Opening or reading a run that was never created is RunNotFound naming the run."""
+class _Handle:
+    """A file store's handle, passed through the broken store's flaw."""
 
-    async def scenario(store: Store) -> None:
-        with pytest.raises(durably.RunNotFound) as opened:
-            await store.open("nope")
-        with pytest.raises(durably.RunNotFound) as read:
-            await store.read("nope")
-        assert opened.value.run_id == read.value.run_id == "nope"
+    def __init__(self, inner: RunHandle, flaw: str) -> None:
+        self.inner = inner
+        self.flaw = flaw
 
-    on(any_store, scenario)
+    @property
+    def run_id(self) -> str:
+        return self.inner.run_id
 
+    async def save(self, state: RunState) -> None:
+        if self.flaw == "forgets-a-field":
+            state = msgspec.structs.replace(state, pending={})
+        await self.inner.save(state)
 
-def test_a_second_opener_is_locked_until_the_first_closes(any_store: Backend) -> None:
-    """While a run is open a second open is Locked at once; after close it opens again."""
+    async def close(self) -> None:
+        await self.inner.close()
 
-    async def scenario(store: Store) -> RunState:
-        handle = await store.create(state_a("r1"))
-        for _ in range(2):
-            with pytest.raises(durably.Locked) as caught:
-                await store.open("r1")
-            assert caught.value.run_id == "r1"
-        await handle.save(state_b("r1"))
-        await handle.close()
-        again, state = await store.open("r1")
-        await again.close()
-        return state
+    async def __aenter__(self) -> Self:
+        return self
 
-    assert without_saved_at(on(any_store, scenario)) == state_b("r1")
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
-def test_read_needs_no_ownership(any_store: Backend) -> None:
-    """A run owned by a handle can still be read, and reading takes nothing from the owner."""
+class _Loose:
+    """A second owner's handle, which a store that forgets its lock hands out."""
 
-    async def scenario(store: Store) -> None:
-        handle = await store.create(state_a("r1"))
-        await handle.save(state_b("r1"))
-        assert without_saved_at(await store.read("r1")) == state_b("r1")
-        await handle.save(state_a("r1"))
-        await handle.close()
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
 
-    on(any_store, scenario)
+    async def save(self, state: RunState) -> None:
+        pass
 
+    async def close(self) -> None:
+        pass
 
-def test_list_runs_is_sorted_and_describe_names_the_run(any_store: Backend) -> None:
-    """list_runs gives every run's ID sorted, and describe names where each run lives."""
+    async def __aenter__(self) -> Self:
+        return self
 
-    async def scenario(store: Store) -> list[str]:
-        assert await store.list_runs() == []
-        for run_id in ("b-2", "a-1", "B-0", "a.9"):
-            await (await store.create(state_a(run_id))).close()
-        assert "a-1" in store.describe("a-1")
-        assert store.describe("a-1") != store.describe("b-2")
-        return await store.list_runs()
-
-    assert on(any_store, scenario) == sorted(["b-2", "a-1", "B-0", "a.9"])
+    async def __aexit__(self, *exc_info: object) -> None:
+        pass
 
 
-def test_a_bad_run_id_is_refused(any_store: Backend) -> None:
-    """A run ID outside the allowed pattern is InvalidRunId for create, open and read."""
+class _BrokenStore:
+    """A ``FileStore`` with one rule broken on purpose (``flaw``)."""
 
-    async def scenario(store: Store) -> None:
-        with pytest.raises(durably.InvalidRunId):
-            await store.create(state_a("../escape"))
-        with pytest.raises(durably.InvalidRunId):
-            await store.open("a b")
-        with pytest.raises(durably.InvalidRunId):
-            await store.read("")
-        assert await store.list_runs() == []
+    def __init__(self, directory: Path, flaw: str) -> None:
+        self.inner = FileStore(directory)
+        self.flaw = flaw
 
-    on(any_store, scenario)
+    async def create(self, state: RunState) -> RunHandle:
+        return _Handle(await self.inner.create(state), self.flaw)
 
+    async def open(self, run_id: str) -> tuple[RunHandle, RunState]:
+        try:
+            handle, state = await self.inner.open(run_id)
+        except durably.Locked:
+            if self.flaw != "two-owners":
+                raise
+            return _Loose(run_id), await self.read(run_id)
+        except durably.CheckpointCorrupt:
+            if self.flaw != "starts-afresh":
+                raise
+            (self.inner.directory / f"{run_id}.json").unlink()
+            fresh = first_state(run_id)
+            return _Handle(await self.inner.create(fresh), self.flaw), fresh
+        return _Handle(handle, self.flaw), state
 
-@pytest.mark.parametrize(
-    "garbage",
-    [b"", b"not json at all", b'{"durably": 1, "crc32": 1, "state": {}}', seal(state_b("r1"))[:-9]],
-    ids=["empty", "text", "bad-checksum", "torn"],
-)
-def test_a_corrupt_state_is_checkpoint_corrupt_and_left_untouched(
-    any_store: Backend, garbage: bytes
-) -> None:
-    """Garbage in place of a run's state is CheckpointCorrupt naming the run, and stays as is."""
+    async def read(self, run_id: str) -> RunState:
+        return await self.inner.read(run_id)
 
-    async def create(store: Store) -> None:
-        await (await store.create(state_a("r1"))).close()
+    async def list_runs(self) -> list[str]:
+        runs = await self.inner.list_runs()
+        return runs[::-1] if self.flaw == "unsorted" else runs
 
-    async def scenario(store: Store) -> None:
-        for _ in range(2):
-            with pytest.raises(durably.CheckpointCorrupt) as opened:
-                await store.open("r1")
-            assert opened.value.path == store.describe("r1")
-        with pytest.raises(durably.CheckpointCorrupt):
-            await store.read("r1")
-        with pytest.raises(durably.RunExists):
-            await store.create(state_a("r1"))
+    def describe(self, run_id: str) -> str:
+        return self.inner.describe(run_id)
 
-    on(any_store, create)
-    any_store.plant("r1", garbage)
-    on(any_store, scenario)
-    assert any_store.raw("r1") == garbage
+    async def close(self) -> None:
+        await self.inner.close()
 
+    async def __aenter__(self) -> Self:
+        return self
 
-def test_a_state_of_another_run_is_corrupt(any_store: Backend) -> None:
-    """A stored state that names another run is CheckpointCorrupt, not that run's state."""
-
-    async def create(store: Store) -> None:
-        await (await store.create(state_a("r1"))).close()
-
-    async def scenario(store: Store) -> None:
-        with pytest.raises(durably.CheckpointCorrupt, match="holds run 'r2'"):
-            await store.open("r1")
-
-    on(any_store, create)
-    any_store.plant("r1", seal(state_a("r2")))
-    on(any_store, scenario)
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
-def test_a_state_of_a_newer_format_is_checkpoint_too_new(any_store: Backend) -> None:
-    """A state written by a newer durably is CheckpointTooNew on open and read, and kept."""
-    newer = state_a("r1")
-    newer.format = FORMAT + 1
+BROKEN = {
+    "forgets-a-field": "every-field",
+    "two-owners": "one-owner",
+    "starts-afresh": "corrupt-kept",
+    "unsorted": "listing",
+}
+"""Each flaw, and the rule of the suite that must catch it."""
 
-    async def create(store: Store) -> None:
-        await (await store.create(state_a("r1"))).close()
 
-    async def scenario(store: Store) -> None:
-        with pytest.raises(durably.CheckpointTooNew) as caught:
-            await store.open("r1")
-        assert caught.value.found == FORMAT + 1
-        assert caught.value.path == store.describe("r1")
-        with pytest.raises(durably.CheckpointTooNew):
-            await store.read("r1")
+@pytest.mark.parametrize(("flaw", "rule"), BROKEN.items(), ids=list(BROKEN))
+def test_the_suite_fails_a_store_that_breaks_a_rule(tmp_path: Path, flaw: str, rule: str) -> None:
+    """A store with a flaw fails the rule it breaks, with a message naming store and rule,
+    and still passes a rule it keeps (the failure is the flaw's, not the harness's).
+    """
+    backend = file_backend(tmp_path / "runs", lambda directory: _BrokenStore(directory, flaw))
+    subject = StoreUnderTest(
+        name=f"broken ({flaw})", make=backend.make, plant=backend.plant, raw=backend.raw
+    )
+    with pytest.raises(ConformanceError, match=rf"broken \({flaw}\) breaks {rule}: "):
+        BY_NAME[rule].run(subject)
+    fresh = file_backend(tmp_path / "fresh", lambda directory: _BrokenStore(directory, flaw))
+    BY_NAME["create-then-open"].run(fresh.subject())
 
-    on(any_store, create)
-    any_store.plant("r1", seal(newer))
-    on(any_store, scenario)
-    assert any_store.raw("r1") == seal(newer)
+
+def test_a_store_without_hooks_skips_the_checks_that_reach_under_it(tmp_path: Path) -> None:
+    """With no plant and raw the damage checks skip (unittest.SkipTest), and the rest run."""
+    subject = StoreUnderTest(name="hookless", make=lambda: FileStore(tmp_path / "runs"))
+    reaching = [check for check in CHECKS if check.reaches_under]
+    assert {check.name for check in reaching} == {"corrupt-kept", "another-run", "too-new"}
+    for check in reaching:
+        with pytest.raises(unittest.SkipTest, match=check.name):
+            check.run(subject)
+    BY_NAME["newest-save-wins"].run(subject)
 
 
 _ops = st.lists(
@@ -242,7 +212,7 @@ _ops = st.lists(
 )
 @given(ops=_ops)
 def test_the_store_behaves_like_a_dictionary_with_locks(
-    any_store: Backend, ops: list[tuple[str, str, Phase]]
+    every_store: Backend, ops: list[tuple[str, str, Phase]]
 ) -> None:
     """Any sequence of store operations agrees with a model: a dict of states, a set of owners."""
     prefix = f"h{secrets.token_hex(4)}-"
@@ -284,4 +254,4 @@ def test_the_store_behaves_like_a_dictionary_with_locks(
         listed = [r for r in await store.list_runs() if r.startswith(prefix)]
         assert listed == sorted(saved)
 
-    on(any_store, scenario)
+    on(every_store, scenario)

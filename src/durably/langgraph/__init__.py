@@ -1,4 +1,7 @@
-"""durably for LangGraph: ``DurablySaver``, a checkpointer on durably's journal files.
+"""durably for LangGraph: ``DurablySaver`` (checkpoints) and ``DurableTools`` (tool calls).
+
+``DurablySaver`` is a checkpointer on durably's journal files; ``DurableTools``
+makes each tool call exactly once, on durably's engine.
 
 Install with ``pip install 'durably[langgraph]'`` and pass it where a LangGraph
 checkpointer goes::
@@ -8,6 +11,11 @@ checkpointer goes::
     with DurablySaver("state/threads") as saver:
         graph = builder.compile(checkpointer=saver)
         graph.invoke(inputs, {"configurable": {"thread_id": "t1"}}, durability="sync")
+
+and make each tool call exactly once (``tools = DurableTools(JournalStore("state/tools"))``,
+then ``ToolNode(tools_list, wrap_tool_call=tools.wrap_tool_call,
+awrap_tool_call=tools.awrap_tool_call)`` or ``create_agent(...,
+middleware=[tools.middleware()])``).
 
 What it guarantees and what it does not is in ``docs/langgraph.md``.
 """
@@ -24,5 +32,15 @@ from ._saver import DurablySaver as DurablySaver
 from ._saver import StaleThread as StaleThread
 from ._saver import ThreadValueRefused as ThreadValueRefused
 from ._thread import ThreadLocked as ThreadLocked
+from ._tools import DurableTools as DurableTools
+from ._tools import tool_context as tool_context
 
-__all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadLocked", "ThreadValueRefused"]
+__all__ = [
+    "PRUNE_STRATEGIES",
+    "DurableTools",
+    "DurablySaver",
+    "StaleThread",
+    "ThreadLocked",
+    "ThreadValueRefused",
+    "tool_context",
+]

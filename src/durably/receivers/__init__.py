@@ -7,6 +7,8 @@
 - :func:`lookup` and :class:`LookupApp`: "was this key processed, and with
   what result?", for an agent resolving a call left in doubt by a crash;
 - :class:`IdempotencyStore`: the keys and results, in one SQLite file;
+- :class:`KeyTable`: the same keys as a table in a service's own SQLite
+  database, claimed, acted on and finished in the service's one transaction;
 - :class:`PostgresIdempotencyStore` (``durably.receivers.postgres``): the same
   in PostgreSQL, where an endpoint's effect can commit with its key
   (:func:`transaction`).
@@ -15,11 +17,17 @@ Nothing here imports a third-party package until it is used.
 """
 
 from ._keys import Abandoned as Abandoned
+from ._keys import Busy as Busy
+from ._keys import Claimed as Claimed
 from ._keys import KeyRecord as KeyRecord
 from ._keys import KeyState as KeyState
 from ._keys import KeyStore as KeyStore
+from ._keys import Mismatch as Mismatch
+from ._keys import Replay as Replay
+from ._keys import StoredOutcome as StoredOutcome
 from ._keys import renewing as renewing
 from ._store import IdempotencyStore as IdempotencyStore
+from ._store import KeyTable as KeyTable
 from .asgi import REPLAYED_HEADER as REPLAYED_HEADER
 from .asgi import IdempotencyMiddleware as IdempotencyMiddleware
 from .asgi import LookupApp as LookupApp
@@ -34,14 +42,20 @@ from .postgres import transaction as transaction
 __all__ = [
     "REPLAYED_HEADER",
     "Abandoned",
+    "Busy",
+    "Claimed",
     "IdempotencyMiddleware",
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
     "KeyStore",
+    "KeyTable",
     "LookupApp",
+    "Mismatch",
     "PostgresIdempotencyStore",
+    "Replay",
     "ReplayedError",
+    "StoredOutcome",
     "deduplicated",
     "http_answer",
     "key_from_meta",

@@ -92,6 +92,7 @@ __all__ = [
     "KeyRecord",
     "KeyState",
     "KeyStore",
+    "KeyTable",
     "Mismatch",
     "Replay",
     "Stored",
@@ -217,13 +218,9 @@ class IdempotencyStore:
                 db.execute("DROP TABLE durably_idempotency")
                 db.execute("ALTER TABLE durably_idempotency_v2 RENAME TO durably_idempotency")
                 log.info("%s: idempotency keys moved from format %d to %d", self.path, 1, FORMAT)
-            elif columns and "lease_until" not in columns:  # format 2: add owner and lease
-                # Its running rows keep no lease: in flight until their TTL, as they were.
-                db.execute("ALTER TABLE durably_idempotency ADD COLUMN owner TEXT")
-                db.execute("ALTER TABLE durably_idempotency ADD COLUMN lease_until REAL")
+            elif columns and "lease_until" not in columns:
                 log.info("%s: idempotency keys moved from format %d to %d", self.path, 2, FORMAT)
-            db.execute(_TABLE.format(name="durably_idempotency"))
-            db.execute(_INDEX)
+            KeyTable(db).create()  # format 2's table gains owner and lease there
             db.execute(f"PRAGMA user_version = {FORMAT}")
             db.execute("COMMIT")
         except BaseException:
@@ -295,46 +292,151 @@ class IdempotencyStore:
         with self._lock:
             return function(*args)
 
+    def _keys(self) -> KeyTable:
+        return KeyTable(self._db, ttl=self.ttl, clock=self.clock, lease=self.lease)
+
     def _claim(self, key: str, fingerprint: str, principal: str = "") -> Claim:
-        now = self.clock().timestamp()
-        cutoff = now - self.ttl.total_seconds()
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            row = self._row(key, principal)
-            outcome = judge(row, fingerprint, now=now, cutoff=cutoff) if row else None
-            if outcome is None:
-                token = secrets.token_hex(16)
-                db.execute(
-                    "INSERT OR REPLACE INTO durably_idempotency"
-                    " (principal, key, fingerprint, token, state, started_at, finished_at,"
-                    " result, owner, lease_until)"
-                    " VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL, ?, ?)",
-                    (
-                        principal,
-                        key,
-                        fingerprint,
-                        token,
-                        now,
-                        owner_name(),
-                        now + self.lease.total_seconds(),
-                    ),
-                )
-                # Expired results are dead weight; their rows stay as tombstones.
-                db.execute(
-                    "UPDATE durably_idempotency SET result = NULL"
-                    " WHERE result IS NOT NULL AND started_at <= ?",
-                    (cutoff,),
-                )
-                outcome = Claimed(key, token, principal)
+            outcome = self._keys().claim(key, fingerprint, principal=principal)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return outcome
 
+    def _renew(self, claim: Claimed) -> bool:
+        return self._keys().renew(claim)
+
+    def _finish(self, claim: Claimed, result: bytes) -> bool:
+        return self._keys().finish_encoded(claim, result)
+
+    def _record(self, key: str, principal: str = "") -> KeyRecord:
+        return self._keys().record(key, principal=principal)
+
+
+class KeyTable:
+    """The idempotency keys as a table in a SQLite database of the caller's own.
+
+    :class:`IdempotencyStore` is this table in a file of its own. A service that
+    keeps its records in SQLite can keep its keys beside them instead: each
+    method runs its statements on the caller's connection and begins or commits
+    nothing, so the caller claims the key, does the work and finishes the key in
+    *one* transaction (``BEGIN IMMEDIATE``). A crash then leaves all three or
+    none: never a key claimed with no result (which answers :class:`Busy` until
+    the TTL ends) and never an effect whose key was not recorded. The demo's
+    issue tracker (``durably.triage.tracker``) keeps its keys this way.
+
+    Args:
+        db: the connection; the table is ``durably_idempotency`` (see :meth:`create`).
+        ttl: how long a key is remembered, as for :class:`IdempotencyStore`.
+        clock: the time source for key ages.
+    """
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        *,
+        ttl: timedelta = timedelta(hours=24),
+        clock: Callable[[], datetime] = utcnow,
+        lease: timedelta = DEFAULT_LEASE,
+    ) -> None:
+        if ttl <= timedelta(0):
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
+        self.db = db
+        self.ttl = ttl
+        self.clock = clock
+        self.lease = lease
+
+    def create(self) -> None:
+        """Create the table and its index if the database has none (its version is the caller's).
+
+        A table of format 2 (no owner or lease) gains the two columns; its running
+        rows keep no lease and stay in flight until their TTL, as they were.
+        """
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(durably_idempotency)")}
+        if columns and "lease_until" not in columns:
+            self.db.execute("ALTER TABLE durably_idempotency ADD COLUMN owner TEXT")
+            self.db.execute("ALTER TABLE durably_idempotency ADD COLUMN lease_until REAL")
+        self.db.execute(_TABLE.format(name="durably_idempotency"))
+        self.db.execute(_INDEX)
+
+    def claim(self, key: str, fingerprint: str, *, principal: str = "") -> Claim:
+        """Take the key for a new request, or say why not (see :meth:`IdempotencyStore.claim`).
+
+        Call it inside a transaction that also ends with :meth:`finish` or a rollback:
+        a claim committed without its result holds the key until its lease lapses,
+        and is :class:`Abandoned` from then on (see :func:`~durably.receivers._keys.judge`).
+        """
+        now = self.clock().timestamp()
+        cutoff = now - self.ttl.total_seconds()
+        row = self._row(key, principal)
+        outcome = judge(row, fingerprint, now=now, cutoff=cutoff) if row else None
+        if outcome is not None:
+            return outcome
+        token = secrets.token_hex(16)
+        self.db.execute(
+            "INSERT OR REPLACE INTO durably_idempotency"
+            " (principal, key, fingerprint, token, state, started_at, finished_at,"
+            " result, owner, lease_until)"
+            " VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL, ?, ?)",
+            (
+                principal,
+                key,
+                fingerprint,
+                token,
+                now,
+                owner_name(),
+                now + self.lease.total_seconds(),
+            ),
+        )
+        # Expired results are dead weight; their rows stay as tombstones.
+        self.db.execute(
+            "UPDATE durably_idempotency SET result = NULL"
+            " WHERE result IS NOT NULL AND started_at <= ?",
+            (cutoff,),
+        )
+        return Claimed(key, token, principal)
+
+    def renew(self, claim: Claimed) -> bool:
+        """Extend a running request's lease; False if it finished or was taken over."""
+        cursor = self.db.execute(
+            "UPDATE durably_idempotency SET lease_until = ?"
+            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
+            (
+                self.clock().timestamp() + self.lease.total_seconds(),
+                claim.principal,
+                claim.key,
+                claim.token,
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def finish(self, claim: Claimed, result: Stored) -> bool:
+        """Store a claimed request's result; False if the claim expired and was taken over."""
+        return self.finish_encoded(claim, encode_result(result))
+
+    def finish_encoded(self, claim: Claimed, result: bytes) -> bool:
+        """:meth:`finish` with the result already encoded (msgspec JSON of a ``Stored``)."""
+        cursor = self.db.execute(
+            "UPDATE durably_idempotency SET state = 'done', finished_at = ?, result = ?"
+            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
+            (self.clock().timestamp(), result, claim.principal, claim.key, claim.token),
+        )
+        return cursor.rowcount == 1
+
+    def record(self, key: str, *, principal: str = "") -> KeyRecord:
+        """What the table knows about ``key``: done, in flight, abandoned, expired or unknown."""
+        now = self.clock().timestamp()
+        return describe(
+            self._row(key, principal), key, now=now, cutoff=now - self.ttl.total_seconds()
+        )
+
     def _row(self, key: str, principal: str) -> KeyRow | None:
-        found = self._db.execute(
+        found = self.db.execute(
             "SELECT fingerprint, state, started_at, finished_at, result, owner, lease_until"
             " FROM durably_idempotency WHERE principal = ? AND key = ?",
             (principal, key),
@@ -353,32 +455,16 @@ class IdempotencyStore:
             lease_until=lease_until,
         )
 
-    def _renew(self, claim: Claimed) -> bool:
-        cursor = self._db.execute(
-            "UPDATE durably_idempotency SET lease_until = ?"
-            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
-            (
-                self.clock().timestamp() + self.lease.total_seconds(),
-                claim.principal,
-                claim.key,
-                claim.token,
-            ),
-        )
-        return cursor.rowcount == 1
+    def forget_expired(self) -> int:
+        """Delete every key older than the TTL, its tombstone too; return how many.
 
-    def _finish(self, claim: Claimed, result: bytes) -> bool:
-        cursor = self._db.execute(
-            "UPDATE durably_idempotency SET state = 'done', finished_at = ?, result = ?"
-            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
-            (self.clock().timestamp(), result, claim.principal, claim.key, claim.token),
-        )
-        return cursor.rowcount == 1
-
-    def _record(self, key: str, principal: str = "") -> KeyRecord:
-        now = self.clock().timestamp()
-        return describe(
-            self._row(key, principal), key, now=now, cutoff=now - self.ttl.total_seconds()
-        )
+        A forgotten key looks never seen: a lookup answers "unknown", which lets an
+        agent run an in-doubt call again. Only for a service that must bound its
+        table and accepts that; :class:`IdempotencyStore` never forgets a key.
+        """
+        cutoff = self.clock().timestamp() - self.ttl.total_seconds()
+        cursor = self.db.execute("DELETE FROM durably_idempotency WHERE started_at <= ?", (cutoff,))
+        return cursor.rowcount
 
 
 _BUSY_TIMEOUT: Final = 30.0

@@ -9,7 +9,10 @@ crash did:
   nothing; the same key with different arguments is refused with
   :class:`KeyConflict`; a key older than the tracker's ``key_ttl`` no longer
   matches and counts as no key. A tracker built with ``honour_keys=False``
-  records the key it was sent but does not deduplicate by it.
+  records the key it was sent but does not deduplicate by it. The keys are the
+  receiver code durably ships (:class:`durably.receivers.KeyTable`), kept in the
+  tracker's own database: the claim, the write and the key's result commit in
+  one transaction, so the sweep's duplicate count is a count of that code.
 - **The refile guard**, a business rule of the tracker itself: a second filing
   for a cause that already has an issue is refused with :class:`AlreadyFiled`,
   naming the existing issue, whether or not keys are honoured. A tracker built
@@ -24,8 +27,9 @@ crash did:
 Every operation opens its own connection and runs in one ``BEGIN IMMEDIATE``
 transaction, in WAL mode with ``synchronous=FULL``: any number of processes can
 share the database, a connection never crosses a ``fork``, and an answer is
-durable before it is returned. Results are frozen msgspec Structs of strings and
-ints, ready to become a tool's text result (``msgspec.json.encode``).
+durable before it is returned. Its answers and errors (frozen msgspec Structs,
+ready to become a tool's text result) are defined in
+:mod:`durably.triage.tracker_types` and re-exported here.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -45,7 +48,25 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from ..errors import FieldsPickle
+from ..receivers import Claimed, KeyRecord, KeyTable, Mismatch, Replay, StoredOutcome
+from .tracker_types import (
+    AlreadyFiled,
+    Clock,
+    Comment,
+    EffectRecord,
+    FiledIssue,
+    InvalidRequest,
+    Issue,
+    IssueNotFound,
+    IssueSummary,
+    KeyConflict,
+    MovableClock,
+    Operation,
+    Outcome,
+    Request,
+    TrackerError,
+    normalize_cause,
+)
 
 __all__ = [
     "DEFAULT_KEY_TTL",
@@ -66,21 +87,13 @@ __all__ = [
     "normalize_cause",
 ]
 
-Clock = Callable[[], datetime]
-"""A callable returning the current time as an aware datetime."""
-
 DEFAULT_KEY_TTL = timedelta(hours=24)
 """How long the tracker remembers an idempotency key unless told otherwise (Stripe's 24 hours)."""
 
-Operation = Literal["file_issue", "comment"]
-Outcome = Literal[
-    "created", "replayed", "key_conflict", "already_filed", "issue_not_found", "invalid"
-]
-
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
+"""2: the keys in durably.receivers' table (1 had a table of its own, ``idempotency_keys``)."""
 _BUSY_TIMEOUT_MS = 30_000
 _MAX_KEY_LENGTH = 255
-_SLUG = re.compile(r"[^a-z0-9]+")
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS issues (
         number INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -95,12 +108,6 @@ _SCHEMA = (
         issue INTEGER NOT NULL REFERENCES issues(number),
         body TEXT NOT NULL,
         key TEXT,
-        created TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS idempotency_keys (
-        key TEXT PRIMARY KEY,
-        operation TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        response TEXT NOT NULL,
         created TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS effects (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -119,125 +126,6 @@ _SCHEMA = (
 )
 
 
-# -- errors -------------------------------------------------------------------
-
-
-class TrackerError(FieldsPickle, Exception):
-    """Root of the errors the tracker answers with; a tool shows the message to the model."""
-
-
-class InvalidRequest(TrackerError):
-    """Raised for a malformed request (an empty cause, an empty key); fix the arguments."""
-
-
-class KeyConflict(TrackerError):
-    """Raised when an idempotency key is reused with different arguments; use a new key."""
-
-    def __init__(self, *, key: str, operation: str) -> None:
-        super().__init__(
-            f"idempotency key {key!r} was already used for a different {operation} request; "
-            "a key names one request: send a new key for new arguments"
-        )
-        self.key = key
-        self.operation = operation
-
-
-class AlreadyFiled(TrackerError):
-    """Raised when an issue for the cause exists already; comment on that issue instead."""
-
-    def __init__(self, *, number: int, cause: str) -> None:
-        super().__init__(
-            f"an issue for cause {cause!r} is already filed as #{number}; "
-            f"comment on #{number} instead of filing it again"
-        )
-        self.number = number
-        self.cause = cause
-
-
-class IssueNotFound(TrackerError):
-    """Raised for an issue number the tracker does not hold; check the number."""
-
-    def __init__(self, *, number: int) -> None:
-        super().__init__(f"there is no issue #{number}")
-        self.number = number
-
-
-# -- records ------------------------------------------------------------------
-
-
-class FiledIssue(msgspec.Struct, frozen=True, kw_only=True):
-    """The tracker's answer to a filing."""
-
-    number: int
-    title: str
-    cause: str
-    """The cause as the tracker normalised it (a lower-case slug)."""
-    reports: tuple[str, ...]
-    key: str | None
-    created: str
-    """ISO 8601 time of the filing, UTC."""
-    replayed: bool = False
-    """True when this is the stored answer to an earlier request with the same key."""
-
-
-class Comment(msgspec.Struct, frozen=True, kw_only=True):
-    """A comment on an issue, as created or listed."""
-
-    id: int
-    issue: int
-    body: str
-    key: str | None
-    created: str
-    replayed: bool = False
-    """True when this is the stored answer to an earlier request with the same key."""
-
-
-class Issue(msgspec.Struct, frozen=True, kw_only=True):
-    """An issue as the tracker holds it."""
-
-    number: int
-    title: str
-    body: str
-    cause: str
-    reports: tuple[str, ...]
-    key: str | None
-    """The idempotency key the filing carried, recorded even when keys are not honoured."""
-    created: str
-
-
-class IssueSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One search hit."""
-
-    number: int
-    title: str
-    cause: str
-
-
-class EffectRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One change the tracker made: an issue filed or a comment added."""
-
-    seq: int
-    kind: Literal["issue", "comment"]
-    target: int
-    """The issue filed, or the issue commented on."""
-    id: int
-    """The issue's number or the comment's id."""
-    key: str | None
-    time: str
-
-
-class Request(msgspec.Struct, frozen=True, kw_only=True):
-    """One write request the tracker received, whatever became of it."""
-
-    seq: int
-    operation: Operation
-    key: str | None
-    outcome: Outcome
-    target: int | None
-    """The issue the request created, replayed, commented on or collided with, if any."""
-    time: str
-
-
 # -- clock ----------------------------------------------------------------------
 
 
@@ -247,36 +135,6 @@ _inherited: list[sqlite3.Connection] = []
 
 def _system_clock() -> datetime:
     return datetime.now(UTC)
-
-
-class MovableClock:
-    """A clock that stands still until a test moves it.
-
-    Args:
-        start: the time it shows first (aware); 2026-03-02 09:00 UTC if not given.
-    """
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-        if self._now.tzinfo is None:
-            raise ValueError("MovableClock needs an aware datetime")
-
-    def __call__(self) -> datetime:
-        """The time it shows."""
-        return self._now
-
-    def advance(self, delta: timedelta) -> datetime:
-        """Move the clock forward by ``delta``; return the new time."""
-        self._now += delta
-        return self._now
-
-
-def normalize_cause(cause: str) -> str:
-    """A cause as the refile guard compares it: a lower-case slug.
-
-    ``"Done After Delete"`` and ``"done_after_delete"`` both become ``"done-after-delete"``.
-    """
-    return _SLUG.sub("-", cause.lower()).strip("-")
 
 
 # -- the tracker ----------------------------------------------------------------
@@ -334,6 +192,7 @@ class Tracker:
             with self._transaction(connection):
                 for statement in _SCHEMA:
                     connection.execute(statement)
+                KeyTable(connection).create()
                 connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     def __repr__(self) -> str:
@@ -461,12 +320,11 @@ class Tracker:
             None when the tracker holds no record of the key.
         """
         with self._reading() as connection:
-            row = connection.execute(
-                "SELECT response FROM idempotency_keys WHERE key = ?", (key,)
-            ).fetchone()
-        if row is None:
+            # A search of the records, not a deduplication: read with no TTL.
+            record = KeyTable(connection, ttl=timedelta.max, clock=self._now).record(key)
+        if not isinstance(record.result, StoredOutcome):
             return None
-        answer: dict[str, Any] = json.loads(row[0])
+        answer: dict[str, Any] = record.result.value
         return answer
 
     def search(self, query: str) -> list[IssueSummary]:
@@ -553,14 +411,8 @@ class Tracker:
         Returns:
             How many records were dropped.
         """
-        now = self._now()
         with closing(self._connect()) as connection, self._transaction(connection):
-            rows = connection.execute("SELECT key, created FROM idempotency_keys").fetchall()
-            # Compared as datetimes, by the same rule as deduplication (_expired),
-            # not as strings: isoformat() drops a zero microsecond part.
-            expired = [(key,) for key, created in rows if self._expired(created, now)]
-            connection.executemany("DELETE FROM idempotency_keys WHERE key = ?", expired)
-        return len(expired)
+            return self._keys(connection).forget_expired()
 
     # -- machinery --------------------------------------------------------------
 
@@ -622,88 +474,65 @@ class Tracker:
         answer_type: type[_Answer],
         act: Callable[[sqlite3.Connection, str, _Log], _Answer],
     ) -> _Answer:
-        """Run one write in one transaction: the key check, then ``act``, then the key's record.
+        """Run one write in one transaction: the key's claim, then ``act``, then the key's result.
 
         A replay or a key conflict never reaches ``act``. The request is logged in
         the same transaction whatever the outcome; a refusal (a :class:`TrackerError`
-        raised by ``act`` after logging it) is committed, then raised.
+        raised by ``act``) gives the key back (its claim is rolled back to a savepoint)
+        and is committed, then raised.
         """
         if key is not None and not 0 < len(key) <= _MAX_KEY_LENGTH:
             raise InvalidRequest(f"an idempotency key has 1 to {_MAX_KEY_LENGTH} characters")
-        fingerprint = _fingerprint(operation, arguments)
-        current = self._now()
-        now = current.isoformat()
+        now = self._now().isoformat()
         answer: _Answer | None = None
         refusal: TrackerError | None = None
-        with closing(self._connect()) as connection, self._transaction(connection):
+        logged: list[tuple[Outcome, int | None]] = []
 
-            def log(outcome: Outcome, target: int | None) -> None:
+        def log(outcome: Outcome, target: int | None) -> None:
+            logged.append((outcome, target))
+
+        with closing(self._connect()) as connection, self._transaction(connection):
+            keys = self._keys(connection) if self.honour_keys and key is not None else None
+            claim = None
+            if keys is not None and key is not None:
+                connection.execute("SAVEPOINT claim")
+                claim = keys.claim(key, _fingerprint(operation, arguments))
+            if isinstance(claim, Mismatch) and keys is not None:
+                log("key_conflict", None)
+                refusal = KeyConflict(key=str(key), operation=_operation(keys.record(str(key))))
+            elif isinstance(claim, Replay) and isinstance(claim.result, StoredOutcome):
+                fields = {name: v for name, v in claim.result.value.items() if name != "kind"}
+                answer = msgspec.convert({**fields, "replayed": True}, answer_type)
+                log("replayed", _target(answer))
+            elif claim is None or isinstance(claim, Claimed):
+                try:
+                    answer = act(connection, now, log)
+                except TrackerError as exc:
+                    refusal = exc
+                    if claim is not None:
+                        connection.execute("ROLLBACK TO claim")  # the key stays unclaimed
+                else:
+                    if keys is not None and claim is not None:
+                        keys.finish(claim, StoredOutcome(value=_response(answer)))
+            else:  # pragma: no cover - a claim and its finish share one transaction
+                raise TrackerError(f"internal error: key {key!r} holds an unfinished write")
+            if claim is not None:
+                connection.execute("RELEASE claim")
+            for outcome, target in logged:
                 connection.execute(
                     "INSERT INTO requests (operation, key, outcome, target, time) "
                     "VALUES (?, ?, ?, ?, ?)",
                     (operation, key, outcome, target, now),
                 )
-
-            stored = self._remembered(connection, key, current) if self.honour_keys else None
-            if stored is not None:
-                stored_operation, stored_fingerprint, response = stored
-                if stored_fingerprint != fingerprint or stored_operation != operation:
-                    log("key_conflict", None)
-                    refusal = KeyConflict(key=str(key), operation=stored_operation)
-                else:
-                    fields = {name: value for name, value in response.items() if name != "kind"}
-                    answer = msgspec.convert({**fields, "replayed": True}, answer_type)
-                    log("replayed", _target(answer))
-            else:
-                try:
-                    answer = act(connection, now, log)
-                except TrackerError as exc:
-                    refusal = exc
-                else:
-                    if self.honour_keys and key is not None:
-                        self._remember(connection, key, operation, fingerprint, answer, now)
         if refusal is not None:
             raise refusal
         if answer is None:  # pragma: no cover - every branch above sets one of the two
             raise TrackerError("internal error: a write produced no answer")
         return answer
 
-    def _remembered(
-        self, connection: sqlite3.Connection, key: str | None, now: datetime
-    ) -> tuple[str, str, dict[str, Any]] | None:
-        """The record of a key that still deduplicates: (operation, fingerprint, response)."""
-        if key is None:
-            return None
-        row = connection.execute(
-            "SELECT operation, fingerprint, response, created FROM idempotency_keys WHERE key = ?",
-            (key,),
-        ).fetchone()
-        if row is None or self._expired(row[3], now):
-            return None
-        response: dict[str, Any] = json.loads(row[2])
-        return row[0], row[1], response
-
-    def _expired(self, created: str, now: datetime) -> bool:
-        """Whether a key recorded at ``created`` is older than the TTL: it counts as no key."""
-        return now - datetime.fromisoformat(created) > self.key_ttl
-
-    def _remember(
-        self,
-        connection: sqlite3.Connection,
-        key: str,
-        operation: Operation,
-        fingerprint: str,
-        result: FiledIssue | Comment,
-        now: str,
-    ) -> None:
-        kind = "issue" if isinstance(result, FiledIssue) else "comment"
-        response = {"kind": kind, **msgspec.to_builtins(result)}
-        # REPLACE: an expired record of the same key gives way to the new request.
-        connection.execute(
-            "INSERT OR REPLACE INTO idempotency_keys "
-            "(key, operation, fingerprint, response, created) VALUES (?, ?, ?, ?, ?)",
-            (key, operation, fingerprint, json.dumps(response), now),
-        )
+    def _keys(self, connection: sqlite3.Connection) -> KeyTable:
+        """The tracker's idempotency keys: durably's receiver table, in the tracker's database."""
+        return KeyTable(connection, ttl=self.key_ttl, clock=self._now)
 
 
 _Answer = TypeVar("_Answer", FiledIssue, Comment)
@@ -715,6 +544,19 @@ def _fingerprint(operation: str, arguments: dict[str, Any]) -> str:
     """What "the same arguments" means: SHA-256 of the operation and arguments as canonical JSON."""
     canonical = json.dumps([operation, arguments], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _response(answer: FiledIssue | Comment) -> dict[str, Any]:
+    """The answer a key keeps: its fields and ``kind``, as :meth:`Tracker.lookup` gives it."""
+    kind = "issue" if isinstance(answer, FiledIssue) else "comment"
+    return {"kind": kind, **msgspec.to_builtins(answer)}
+
+
+def _operation(record: KeyRecord) -> str:
+    """The operation a key was first used for, named in a :class:`KeyConflict`."""
+    result = record.result
+    kind = result.value.get("kind") if isinstance(result, StoredOutcome) else None
+    return "file_issue" if kind == "issue" else "comment"
 
 
 def _target(answer: FiledIssue | Comment) -> int:

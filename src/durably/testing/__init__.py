@@ -31,13 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .approval import Approver, Done, Rerun, ResolveRequest
-from .loop import Agent
-from .models import CallLog, Reply, ScriptedModel
-from .state import Effect, RunState
-from .stores.file import FileStore
-from .sweep.core import CONFIGS, Config, SweepReport, World, digest_files, run_sweep
-from .tools import NOT_FOUND, Found, KeyNotSent, Lookup
+from ..approval import Approver, Done, Rerun, ResolveRequest
+from ..loop import Agent
+from ..models import CallLog, Reply, ScriptedModel
+from ..state import Effect, RunState
+from ..stores.file import FileStore
+from ..sweep.core import CONFIGS, Config, SweepReport, World, digest_files, run_sweep
+from ..tools import NOT_FOUND, Found, KeyNotSent, Lookup
 
 __all__ = ["FakeService", "Harness", "strict", "sweep_agent"]
 
