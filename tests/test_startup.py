@@ -37,6 +37,7 @@ HEAVY = (
     "httpx",
     "stamina",  # retries: imported by the boundaries that retry, on first use
     "tenacity",
+    "opentelemetry",  # spans only when the application imported it and set a provider
 )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-from . import _declarations, faults, ladder
+from . import _declarations, _tracing, faults, ladder
 from ._values import describe, exception_text, text_problem
 from .approval import DEFER, ApprovalRequest, Approver, Done, No, Rerun, Yes
 from .errors import (
@@ -368,6 +368,8 @@ class RunSession:
         self._warned_unbounded = False
         self._saving: Any = None
         """An asyncio lock once two tasks save at once (a framework's parallel calls)."""
+        self.trace = _tracing.for_run(state.run_id, owner=self, state=state)
+        """OpenTelemetry spans of this session (no-op hooks unless the application traces)."""
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -397,6 +399,7 @@ class RunSession:
             data,
             extra={"run_id": self.state.run_id, "phase": str(self.state.phase), "call_id": call_id},
         )
+        self.trace.event(kind, data, state=self.state)
         self.observe(kind, data)
 
     def observe(self, kind: EventKind, data: Mapping[str, Any]) -> None:
@@ -445,6 +448,7 @@ class RunSession:
             worst_usage=worst.usage,
         )
         await self.save(Save.MODEL_CALL)
+        self.trace.model_call(turn=turn, model=model)
 
     def check_call_ids(self, calls: Iterable[ToolCall], *, model: str) -> None:
         """Refuse a reply whose call IDs are empty or already used in this run."""
@@ -500,6 +504,7 @@ class RunSession:
             state.answer = text or ""
             state.stop_reason = "answered"
         await self.save(SavePoint.REPLY)
+        self.trace.reply(usage=usage, dollars=dollars, model=model, calls=len(calls))
         self.emit(
             "reply",
             turn=turn,
@@ -848,7 +853,15 @@ class RunSession:
         self.emit("call", call_id=call.id, tool=tool.name, effect=str(tool.effect))
         try:
             ctx = self.context(call, intended)
-            content = await (tool(ctx, **arguments) if run is None else run(ctx))
+            with self.trace.tool_call(
+                turn=state.turns,
+                call_id=call.id,
+                tool=tool.name,
+                effect=str(tool.effect),
+                key=None if tool.effect is Effect.READ else ctx.idempotency_key,
+                marker="none" if tool.effect is Effect.READ else "kept" if previous else "saved",
+            ):
+                content = await (tool(ctx, **arguments) if run is None else run(ctx))
             is_error = False
         except ToolInDoubt as exc:
             if tool.effect is Effect.READ or previous is not None:

@@ -24,7 +24,7 @@ from _helpers.two_users import NEEDS_TWO_USERS
 from _helpers.two_users import as_user as run_as
 from durably import UnsafePath
 from durably.receivers import IdempotencyMiddleware, IdempotencyStore, KeyState, deduplicated
-from durably.receivers._store import principal_digest
+from durably.receivers._store import FORMAT, principal_digest
 from durably.receivers.asgi import Scope
 from durably.receivers.mcp import META_KEY
 
@@ -221,4 +221,4 @@ def test_a_format_1_key_database_is_migrated_keeping_every_key(tmp_path: Path) -
         KeyState.DONE,
         KeyState.UNKNOWN,
     ]
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (2,)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (FORMAT,)

@@ -8,20 +8,26 @@
   what result?", for an agent resolving a call left in doubt by a crash;
 - :class:`IdempotencyStore`: the keys and results, in one SQLite file;
 - :class:`KeyTable`: the same keys as a table in a service's own SQLite
-  database, claimed, acted on and finished in the service's one transaction.
+  database, claimed, acted on and finished in the service's one transaction;
+- :class:`PostgresIdempotencyStore` (``durably.receivers.postgres``): the same
+  in PostgreSQL, where an endpoint's effect can commit with its key
+  (:func:`transaction`).
 
 Nothing here imports a third-party package until it is used.
 """
 
-from ._store import Busy as Busy
-from ._store import Claimed as Claimed
+from ._keys import Abandoned as Abandoned
+from ._keys import Busy as Busy
+from ._keys import Claimed as Claimed
+from ._keys import KeyRecord as KeyRecord
+from ._keys import KeyState as KeyState
+from ._keys import KeyStore as KeyStore
+from ._keys import Mismatch as Mismatch
+from ._keys import Replay as Replay
+from ._keys import StoredOutcome as StoredOutcome
+from ._keys import renewing as renewing
 from ._store import IdempotencyStore as IdempotencyStore
-from ._store import KeyRecord as KeyRecord
-from ._store import KeyState as KeyState
 from ._store import KeyTable as KeyTable
-from ._store import Mismatch as Mismatch
-from ._store import Replay as Replay
-from ._store import StoredOutcome as StoredOutcome
 from .asgi import REPLAYED_HEADER as REPLAYED_HEADER
 from .asgi import IdempotencyMiddleware as IdempotencyMiddleware
 from .asgi import LookupApp as LookupApp
@@ -30,18 +36,23 @@ from .lookup import lookup as lookup
 from .mcp import ReplayedError as ReplayedError
 from .mcp import deduplicated as deduplicated
 from .mcp import key_from_meta as key_from_meta
+from .postgres import PostgresIdempotencyStore as PostgresIdempotencyStore
+from .postgres import transaction as transaction
 
 __all__ = [
     "REPLAYED_HEADER",
+    "Abandoned",
     "Busy",
     "Claimed",
     "IdempotencyMiddleware",
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
+    "KeyStore",
     "KeyTable",
     "LookupApp",
     "Mismatch",
+    "PostgresIdempotencyStore",
     "Replay",
     "ReplayedError",
     "StoredOutcome",
@@ -49,4 +60,6 @@ __all__ = [
     "http_answer",
     "key_from_meta",
     "lookup",
+    "renewing",
+    "transaction",
 ]

@@ -1,12 +1,22 @@
 """Where a receiver keeps its idempotency keys: one SQLite file, durable on every commit.
 
 A key goes through two states. ``claim`` inserts it as *running* with a
-fingerprint of the request (method, path and body, or tool and arguments) and a
-random claim token; ``finish`` stores the result the request produced and marks
-it *done*. Both are single transactions (``BEGIN IMMEDIATE``), so two workers
-sharing the file never both run the same key. The database runs in WAL mode
-with ``synchronous=FULL``: a finished key survives a crash or power cut of the
-service.
+fingerprint of the request (method, path and body, or tool and arguments), a
+random claim token, its owner (host and process) and a lease; ``finish`` stores
+the result the request produced and marks it *done*. Both are single
+transactions (``BEGIN IMMEDIATE``), so two workers sharing the file never both
+run the same key. The database runs in WAL mode with ``synchronous=FULL``: a
+finished key survives a crash or power cut of the service.
+
+A running request renews its lease (:func:`renewing`) until it finishes. A key
+whose lease lapsed belongs to a request that died with its process: it is
+settled, not left in flight for the TTL. The effect of a request on this store
+is never in the keys' transaction, so whether it acted is unknown: a retry is
+answered :class:`Abandoned` and a lookup ``abandoned`` (a person decides). A
+key store that shares a transaction with the effect
+(:class:`~durably.receivers.postgres.PostgresIdempotencyStore`) runs the retry
+instead. A running row written before leases (format 2, no lease) is in flight
+until its TTL, as it always was: nothing says its process died.
 
 Keys are scoped by principal, as Stripe scopes them by account: a receiver
 stores a client's key with a digest of who sent it (its credentials, or the
@@ -26,9 +36,7 @@ All SQLite calls run in a worker thread (``asyncio.to_thread``) under one lock.
 from __future__ import annotations
 
 import asyncio
-import enum
 import errno
-import hashlib
 import logging
 import os
 import random
@@ -38,23 +46,52 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
-
-import msgspec
 
 from ..errors import UnsafePath
 from ..state import utcnow
 from ..stores._guard import check_trusted, describe_kind
+from ._keys import (
+    DEFAULT_LEASE,
+    MAX_KEY_LENGTH,
+    Abandoned,
+    Busy,
+    Claim,
+    Claimed,
+    KeyRecord,
+    KeyRow,
+    KeyState,
+    KeyStore,
+    Mismatch,
+    Replay,
+    Stored,
+    StoredOutcome,
+    StoredResponse,
+    Unstored,
+    describe,
+    encode_result,
+    judge,
+    owner_name,
+    principal_digest,
+    renewing,
+    valid_key,
+)
 
+# The shared records and rules are re-exported: this module was their home before
+# the Postgres key store arrived, and callers import them from here.
 __all__ = [
+    "FORMAT",
+    "MAX_KEY_LENGTH",
+    "Abandoned",
     "Busy",
+    "Claim",
     "Claimed",
     "IdempotencyStore",
     "KeyRecord",
     "KeyState",
+    "KeyStore",
     "KeyTable",
     "Mismatch",
     "Replay",
@@ -63,6 +100,7 @@ __all__ = [
     "StoredResponse",
     "Unstored",
     "principal_digest",
+    "renewing",
     "valid_key",
 ]
 
@@ -80,6 +118,8 @@ CREATE TABLE IF NOT EXISTS {name} (
     started_at REAL NOT NULL,
     finished_at REAL,
     result BLOB,
+    owner TEXT,
+    lease_until REAL,
     PRIMARY KEY (principal, key)
 ) WITHOUT ROWID
 """
@@ -105,95 +145,8 @@ FROM (
 """
 
 
-class StoredResponse(msgspec.Struct, tag="http", frozen=True, kw_only=True):
-    """An HTTP response as first sent for a key, replayed byte for byte."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    """Header names in lowercase, in the order the application sent them."""
-    body: bytes
-
-
-class StoredOutcome(msgspec.Struct, tag="mcp", frozen=True, kw_only=True):
-    """What an MCP tool function returned (or raised) for a key."""
-
-    value: Any = None
-    """The return value in its JSON form, when the function returned."""
-    error: str | None = None
-    """The exception's message, when the function raised."""
-    tool_error: bool = False
-    """True when the exception was the SDK's ``ToolError`` (its text reaches the client as is)."""
-
-
-class Unstored(msgspec.Struct, tag="unstored", frozen=True, kw_only=True):
-    """A key whose response was too large to keep: it was sent once and is never replayed."""
-
-    status: int
-    limit: int
-    """The ``max_response`` it went over, in bytes."""
-
-
-Stored = StoredResponse | StoredOutcome | Unstored
-
-
-class KeyState(enum.StrEnum):
-    """What a receiver knows about a key."""
-
-    DONE = "done"
-    """Processed; the result is stored."""
-    IN_FLIGHT = "in-flight"
-    """A request with this key started and has not finished (or its process died)."""
-    EXPIRED = "expired"
-    """Seen once, but older than the TTL: the result is gone and the key counts as new."""
-    UNKNOWN = "unknown"
-    """Never seen by this store."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeyRecord:
-    """A key's state and, when done, the result it produced."""
-
-    key: str
-    state: KeyState
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    result: Stored | None = None
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """This request owns the key: run it, then ``finish`` with its result."""
-
-    key: str
-    token: str
-    principal: str = ""
-
-
-@dataclass(frozen=True)
-class Replay:
-    """The key was processed before: answer with this result."""
-
-    result: Stored
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The key was used before with different parameters."""
-
-
-@dataclass(frozen=True)
-class Busy:
-    """Another request with this key is still running."""
-
-
-Claim = Claimed | Replay | Mismatch | Busy
-
-MAX_KEY_LENGTH: Final = 255
-FORMAT: Final = 2
-"""The database layout's version, kept in SQLite's ``user_version``."""
-
-_ENCODER: Final = msgspec.json.Encoder()
-_DECODER: Final = msgspec.json.Decoder(Stored)
+FORMAT: Final = 3
+"""The database layout's version, kept in SQLite's ``user_version`` (3: owner and lease)."""
 
 
 class IdempotencyStore:
@@ -203,7 +156,10 @@ class IdempotencyStore:
         path: the database file (created if missing; its directory must exist).
         ttl: how long a key is remembered; tell agents a slightly shorter
             ``key_ttl``. Default 24 hours, as Stripe.
-        clock: the time source for key ages (tests move it).
+        clock: the time source for key ages and leases (tests move it).
+        lease: how long a running request holds its key without renewing it
+            (it renews every third of that): a request whose process died is
+            settled this long after its last renewal.
     """
 
     def __init__(
@@ -212,11 +168,15 @@ class IdempotencyStore:
         *,
         ttl: timedelta = timedelta(hours=24),
         clock: Callable[[], datetime] = utcnow,
+        lease: timedelta = DEFAULT_LEASE,
     ) -> None:
         if ttl <= timedelta(0):
             raise ValueError(f"ttl must be positive, got {ttl}")
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
         self.path = Path(path)
         self.ttl = ttl
+        self.lease = lease
         self.clock = clock
         self._lock = threading.Lock()
         identity = _check_database(self.path)
@@ -258,7 +218,9 @@ class IdempotencyStore:
                 db.execute("DROP TABLE durably_idempotency")
                 db.execute("ALTER TABLE durably_idempotency_v2 RENAME TO durably_idempotency")
                 log.info("%s: idempotency keys moved from format %d to %d", self.path, 1, FORMAT)
-            KeyTable(db).create()
+            elif columns and "lease_until" not in columns:
+                log.info("%s: idempotency keys moved from format %d to %d", self.path, 2, FORMAT)
+            KeyTable(db).create()  # format 2's table gains owner and lease there
             db.execute(f"PRAGMA user_version = {FORMAT}")
             db.execute("COMMIT")
         except BaseException:
@@ -271,27 +233,51 @@ class IdempotencyStore:
             self._db.close()
 
     async def claim(
-        self, key: str, fingerprint: str, *, principal: str = "", wait: float = 0.0
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        principal: str = "",
+        wait: float = 0.0,
+        transactional: bool = False,
     ) -> Claim:
         """Take the key for a new request, or say why not.
 
         ``principal`` is the sender's :func:`principal_digest` ("" for nobody in
         particular): the same key under another principal is another key.
         While another request holds the key, poll for up to ``wait`` seconds
-        for it to finish, then answer :class:`Busy`.
+        for it to finish, then answer :class:`Busy`; a holder whose lease
+        lapsed is :class:`Abandoned` at once.
+
+        Raises:
+            ValueError: ``transactional``: a request's effect cannot share a
+                transaction with this SQLite file.
         """
+        if transactional:
+            raise ValueError(
+                f"{self.path}: an SQLite key file cannot share a transaction with the "
+                "endpoint's effect; use PostgresIdempotencyStore for transactional endpoints"
+            )
         deadline = time.monotonic() + max(wait, 0.0)
         pause = 0.01
         while True:
             outcome = await self._run(self._claim, key, fingerprint, principal)
-            if not isinstance(outcome, Busy) or time.monotonic() >= deadline:
+            if (
+                not isinstance(outcome, Busy)
+                or isinstance(outcome, Abandoned)
+                or time.monotonic() >= deadline
+            ):
                 return outcome
             await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
             pause = min(pause * 2, 0.1)
 
     async def finish(self, claim: Claimed, result: Stored) -> bool:
         """Store a claimed request's result; False if the claim expired and was taken over."""
-        return await self._run(self._finish, claim, _ENCODER.encode(result))
+        return await self._run(self._finish, claim, encode_result(result))
+
+    async def renew(self, claim: Claimed) -> bool:
+        """Extend a running request's lease; False if it finished or was taken over."""
+        return await self._run(self._renew, claim)
 
     async def record(self, key: str, *, principal: str = "") -> KeyRecord:
         """What the store knows about ``key`` under ``principal`` (see :meth:`claim`)."""
@@ -307,7 +293,7 @@ class IdempotencyStore:
             return function(*args)
 
     def _keys(self) -> KeyTable:
-        return KeyTable(self._db, ttl=self.ttl, clock=self.clock)
+        return KeyTable(self._db, ttl=self.ttl, clock=self.clock, lease=self.lease)
 
     def _claim(self, key: str, fingerprint: str, principal: str = "") -> Claim:
         db = self._db
@@ -319,6 +305,9 @@ class IdempotencyStore:
             db.execute("ROLLBACK")
             raise
         return outcome
+
+    def _renew(self, claim: Claimed) -> bool:
+        return self._keys().renew(claim)
 
     def _finish(self, claim: Claimed, result: bytes) -> bool:
         return self._keys().finish_encoded(claim, result)
@@ -351,15 +340,27 @@ class KeyTable:
         *,
         ttl: timedelta = timedelta(hours=24),
         clock: Callable[[], datetime] = utcnow,
+        lease: timedelta = DEFAULT_LEASE,
     ) -> None:
         if ttl <= timedelta(0):
             raise ValueError(f"ttl must be positive, got {ttl}")
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
         self.db = db
         self.ttl = ttl
         self.clock = clock
+        self.lease = lease
 
     def create(self) -> None:
-        """Create the table and its index if the database has none (its version is the caller's)."""
+        """Create the table and its index if the database has none (its version is the caller's).
+
+        A table of format 2 (no owner or lease) gains the two columns; its running
+        rows keep no lease and stay in flight until their TTL, as they were.
+        """
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(durably_idempotency)")}
+        if columns and "lease_until" not in columns:
+            self.db.execute("ALTER TABLE durably_idempotency ADD COLUMN owner TEXT")
+            self.db.execute("ALTER TABLE durably_idempotency ADD COLUMN lease_until REAL")
         self.db.execute(_TABLE.format(name="durably_idempotency"))
         self.db.execute(_INDEX)
 
@@ -367,41 +368,56 @@ class KeyTable:
         """Take the key for a new request, or say why not (see :meth:`IdempotencyStore.claim`).
 
         Call it inside a transaction that also ends with :meth:`finish` or a rollback:
-        a claim committed without its result is :class:`Busy` to every request until the TTL.
+        a claim committed without its result holds the key until its lease lapses,
+        and is :class:`Abandoned` from then on (see :func:`~durably.receivers._keys.judge`).
         """
         now = self.clock().timestamp()
         cutoff = now - self.ttl.total_seconds()
-        db = self.db
-        row = db.execute(
-            "SELECT fingerprint, state, started_at, result FROM durably_idempotency"
-            " WHERE principal = ? AND key = ?",
-            (principal, key),
-        ).fetchone()
-        if row is not None and _live(row[1], row[2], row[3], cutoff):
-            stored_fingerprint, state, _, result = row
-            if stored_fingerprint != fingerprint:
-                return Mismatch()
-            if state == "running":
-                return Busy()
-            return Replay(_DECODER.decode(result))
+        row = self._row(key, principal)
+        outcome = judge(row, fingerprint, now=now, cutoff=cutoff) if row else None
+        if outcome is not None:
+            return outcome
         token = secrets.token_hex(16)
-        db.execute(
+        self.db.execute(
             "INSERT OR REPLACE INTO durably_idempotency"
             " (principal, key, fingerprint, token, state, started_at, finished_at,"
-            " result) VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL)",
-            (principal, key, fingerprint, token, now),
+            " result, owner, lease_until)"
+            " VALUES (?, ?, ?, ?, 'running', ?, NULL, NULL, ?, ?)",
+            (
+                principal,
+                key,
+                fingerprint,
+                token,
+                now,
+                owner_name(),
+                now + self.lease.total_seconds(),
+            ),
         )
         # Expired results are dead weight; their rows stay as tombstones.
-        db.execute(
+        self.db.execute(
             "UPDATE durably_idempotency SET result = NULL"
             " WHERE result IS NOT NULL AND started_at <= ?",
             (cutoff,),
         )
         return Claimed(key, token, principal)
 
+    def renew(self, claim: Claimed) -> bool:
+        """Extend a running request's lease; False if it finished or was taken over."""
+        cursor = self.db.execute(
+            "UPDATE durably_idempotency SET lease_until = ?"
+            " WHERE principal = ? AND key = ? AND token = ? AND state = 'running'",
+            (
+                self.clock().timestamp() + self.lease.total_seconds(),
+                claim.principal,
+                claim.key,
+                claim.token,
+            ),
+        )
+        return cursor.rowcount == 1
+
     def finish(self, claim: Claimed, result: Stored) -> bool:
         """Store a claimed request's result; False if the claim expired and was taken over."""
-        return self.finish_encoded(claim, _ENCODER.encode(result))
+        return self.finish_encoded(claim, encode_result(result))
 
     def finish_encoded(self, claim: Claimed, result: bytes) -> bool:
         """:meth:`finish` with the result already encoded (msgspec JSON of a ``Stored``)."""
@@ -413,29 +429,30 @@ class KeyTable:
         return cursor.rowcount == 1
 
     def record(self, key: str, *, principal: str = "") -> KeyRecord:
-        """What the table knows about ``key``: done, in flight, expired or unknown."""
-        row = self.db.execute(
-            "SELECT state, started_at, finished_at, result FROM durably_idempotency"
-            " WHERE principal = ? AND key = ?",
+        """What the table knows about ``key``: done, in flight, abandoned, expired or unknown."""
+        now = self.clock().timestamp()
+        return describe(
+            self._row(key, principal), key, now=now, cutoff=now - self.ttl.total_seconds()
+        )
+
+    def _row(self, key: str, principal: str) -> KeyRow | None:
+        found = self.db.execute(
+            "SELECT fingerprint, state, started_at, finished_at, result, owner, lease_until"
+            " FROM durably_idempotency WHERE principal = ? AND key = ?",
             (principal, key),
         ).fetchone()
-        if row is None:
-            return KeyRecord(key=key, state=KeyState.UNKNOWN)
-        state, started, finished, result = row
-        started_at = datetime.fromtimestamp(started, UTC)
-        finished_at = datetime.fromtimestamp(finished, UTC) if finished is not None else None
-        if not _live(state, started, result, self.clock().timestamp() - self.ttl.total_seconds()):
-            return KeyRecord(
-                key=key, state=KeyState.EXPIRED, started_at=started_at, finished_at=finished_at
-            )
-        if state == "running":
-            return KeyRecord(key=key, state=KeyState.IN_FLIGHT, started_at=started_at)
-        return KeyRecord(
+        if found is None:
+            return None
+        fingerprint, state, started, finished, result, owner, lease_until = found
+        return KeyRow(
             key=key,
-            state=KeyState.DONE,
-            started_at=started_at,
-            finished_at=finished_at,
-            result=_DECODER.decode(result),
+            fingerprint=fingerprint,
+            state=state,
+            started_at=started,
+            finished_at=finished,
+            result=result,
+            owner=owner,
+            lease_until=lease_until,
         )
 
     def forget_expired(self) -> int:
@@ -538,25 +555,3 @@ def _retry_while_busy(set_up: Callable[[], None], *, path: Path) -> None:
             set_up()
             return
     raise AssertionError("unreachable: stamina ends with a return or an exception")
-
-
-def principal_digest(principal: str | bytes | None) -> str:
-    """A short digest naming a principal without storing its credentials ("" for none).
-
-    The digest, not the credential, goes into the stored key: the database then
-    holds no token or cookie a reader of the file could reuse.
-    """
-    if not principal:
-        return ""
-    data = principal.encode("utf-8") if isinstance(principal, str) else principal
-    return hashlib.sha256(b"durably-principal\0" + data).hexdigest()[:32]
-
-
-def valid_key(key: str) -> bool:
-    """A key a receiver accepts: 1 to 255 printable ASCII characters, no spaces."""
-    return 0 < len(key) <= MAX_KEY_LENGTH and all("!" <= c <= "~" for c in key)
-
-
-def _live(state: str, started_at: float, result: bytes | None, cutoff: float) -> bool:
-    """A row the TTL has not expired (a done row always keeps its result until then)."""
-    return started_at > cutoff and (state == "running" or result is not None)

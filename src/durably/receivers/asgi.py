@@ -42,29 +42,43 @@ key is first marked so: a retry with it gets ``422``
 (``idempotency-key-response-not-stored``), never a second run, and its lookup
 ``410`` (state ``not-stored``).
 
-One limit no middleware can lift: the application's own effect and the stored
-response are two commits. If the *service* dies between them, the key stays in
-flight (409, and its lookup says so) until it expires; nothing guesses.
+A keyed request holds its key with a lease, renewed while it runs. If the
+*service* dies mid-request, the key is settled once the lease lapses (the
+store's ``lease``, 30 s by default), never left in flight for the TTL:
+
+- on an endpoint declared ``transactional`` (a
+  :class:`~durably.receivers.postgres.PostgresIdempotencyStore`, the effect
+  written through :func:`~durably.receivers.postgres.transaction`), the effect
+  and the stored response are one commit, so the dead request's effect rolled
+  back with it: a retry with the key runs again;
+- anywhere else the effect and the stored response are two commits, and the dead
+  request may have acted: a retry gets ``409`` without ``Retry-After``
+  (``idempotency-key-abandoned``), and the lookup ``410`` (state ``abandoned``),
+  which an agent reads as unknown and passes to a person. Nothing guesses.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Collection, MutableMapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 import msgspec
 
 from ..transports.http import IDEMPOTENCY_HEADER
-from ._store import (
+from ._keys import (
+    Abandoned,
     Busy,
     Claimed,
-    IdempotencyStore,
+    KeyStore,
     Mismatch,
     Replay,
+    Stored,
     StoredResponse,
     Unstored,
     principal_digest,
+    renewing,
     valid_key,
 )
 from .lookup import http_answer, lookup
@@ -98,6 +112,11 @@ _HEADER: Final = IDEMPOTENCY_HEADER.lower().encode("latin-1")
 _CREDENTIALS: Final = (b"authorization", b"cookie")
 # Per-connection or per-moment headers: a replay gets fresh ones from the server.
 _NOT_STORED: Final = frozenset({"date", "server", "connection", "keep-alive", "transfer-encoding"})
+_TAKEN_OVER: Final = {
+    "error": "idempotency-key-in-flight",
+    "detail": "this request stalled past its lease and a retry with the key took it over; "
+    "its effect was rolled back",
+}
 _CRASHED: Final = StoredResponse(
     status=500,
     headers=[("content-type", "text/plain; charset=utf-8"), ("content-length", "21")],
@@ -122,20 +141,36 @@ class IdempotencyMiddleware:
         max_body: the longest keyed request body read, in bytes; longer is ``413``.
         max_response: the longest keyed response stored, in bytes; longer is sent
             unstored and its key refuses retries (``422``).
+        transactional: the application writes each keyed request's effect
+            through :func:`durably.receivers.postgres.transaction`, so it commits
+            with the key's result (True for every keyed request, or a function
+            of the ASGI scope saying which endpoints do). Needs a
+            :class:`~durably.receivers.postgres.PostgresIdempotencyStore`.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        store: IdempotencyStore,
+        store: KeyStore,
         wait: float = 10.0,
         methods: Collection[str] = ("POST", "PUT", "PATCH", "DELETE"),
         lookup_path: str | None = None,
         principal: Principal | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         max_response: int = DEFAULT_MAX_RESPONSE,
+        transactional: bool | Callable[[Scope], bool] = False,
     ) -> None:
+        self._effects: Callable[[Claimed], AbstractAsyncContextManager[Any]] | None = getattr(
+            store, "effect", None
+        )
+        if transactional is not False and self._effects is None:
+            raise ValueError(
+                f"transactional= needs a key store whose transaction the effect can share "
+                f"(PostgresIdempotencyStore); {type(store).__name__} keeps its keys apart "
+                "from your effect: drop transactional= or move the keys to PostgreSQL"
+            )
+        self.transactional = transactional
         for name, limit in (("max_body", max_body), ("max_response", max_response)):
             if limit < 0:
                 raise ValueError(f"{name} must be a number of bytes, at least 0; got {limit}")
@@ -179,11 +214,15 @@ class IdempotencyMiddleware:
             return  # nothing ran and nothing was claimed: the same request is refused again
         if body is None:
             return  # the client left before sending its body; nothing ran
+        transactional = (
+            self.transactional(scope) if callable(self.transactional) else self.transactional
+        )
         claim = await self.store.claim(
             key,
             _fingerprint(scope, body),
             principal=principal_digest(self.principal(scope)),
             wait=self.wait,
+            **({"transactional": True} if transactional else {}),
         )
         if isinstance(claim, Replay):
             if isinstance(claim.result, StoredResponse):
@@ -212,6 +251,18 @@ class IdempotencyMiddleware:
                     "detail": "this key was used with a different method, path or body",
                 },
             )
+        elif isinstance(claim, Abandoned):
+            await _send_json(
+                send,
+                409,
+                {
+                    "error": "idempotency-key-abandoned",
+                    "key": key,
+                    "owner": claim.owner,
+                    "detail": "the request with this key died with its process and may have "
+                    "acted; it is not run again: its lookup says abandoned",
+                },
+            )
         elif isinstance(claim, Busy):
             await _send_json(
                 send,
@@ -219,10 +270,29 @@ class IdempotencyMiddleware:
                 {"error": "idempotency-key-in-flight", "key": key},
                 extra=[(b"retry-after", b"1")],
             )
+        elif transactional and self._effects is not None:
+            async with renewing(self.store, claim), self._effects(claim) as effect:
+                await self._run(claim, scope, _replaying(body, receive), send, finish=effect.finish)
         else:
-            await self._run(claim, scope, _replaying(body, receive), send)
+            async with renewing(self.store, claim):
+                await self._run(claim, scope, _replaying(body, receive), send)
 
-    async def _run(self, claim: Claimed, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _run(
+        self,
+        claim: Claimed,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        finish: Callable[[Stored], Awaitable[bool]] | None = None,
+    ) -> None:
+        """Run the application for a claimed key; ``finish`` stores its result (with its effect)."""
+
+        async def store(result: Stored) -> bool:
+            if finish is None:
+                return await self.store.finish(claim, result)
+            return await finish(result)
+
         status = 500
         start: Message | None = None
         chunks: list[bytes] = []
@@ -247,7 +317,12 @@ class IdempotencyMiddleware:
                     # Marked before the first byte leaves: a client that saw any of it
                     # and retries is refused, never run again.
                     finished = passing = True
-                    await self.store.finish(claim, Unstored(status=status, limit=self.max_response))
+                    if not await store(Unstored(status=status, limit=self.max_response)) and (
+                        finish is not None
+                    ):  # stalled past the lease, taken over: its effect rolled back
+                        passing = False  # the rest of the response is dropped
+                        await _send_json(send, 409, _TAKEN_OVER | {"key": claim.key})
+                        return
                     await send(start or {"type": "http.response.start", "status": status})
                     body = b"".join(chunks)
                     chunks.clear()
@@ -265,14 +340,20 @@ class IdempotencyMiddleware:
                     )
                     # Durable before the client sees it: a client that got an answer can
                     # always get the same answer again.
-                    await self.store.finish(claim, response)
-                    await _send_stored(send, response, replayed=False)
+                    if await store(response) or finish is None:
+                        # (Unstored only when a new request took the key after the TTL:
+                        # this one acted all the same, and its client gets its answer.)
+                        await _send_stored(send, response, replayed=False)
+                    else:  # stalled past the lease, taken over: its effect rolled back
+                        await _send_json(send, 409, _TAKEN_OVER | {"key": claim.key})
 
         try:
             await self.app(scope, receive, capture)
         except Exception:
             if not finished:
                 finished = True
+                # Its own commit: a transactional effect rolls back, but the handler
+                # may have acted elsewhere before it raised.
                 await self.store.finish(claim, _CRASHED)
             raise
         if not finished:  # the app returned without completing a response
@@ -288,7 +369,7 @@ class LookupApp:
     """
 
     def __init__(
-        self, store: IdempotencyStore, *, prefix: str = "", principal: Principal | None = None
+        self, store: KeyStore, *, prefix: str = "", principal: Principal | None = None
     ) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/") + "/"

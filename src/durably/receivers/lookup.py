@@ -9,15 +9,20 @@ as a :class:`KeyRecord`; :func:`http_answer` turns it into the HTTP answer that
 state           status  body
 ==============  ======  ============================================================
 done            200     the original response body, with ``Idempotency-Original-Status``
-in-flight       409     ``{"key", "state"}`` with ``Retry-After``: ask again later
+in-flight       409     ``{"key", "state", "owner", "lease_until"}`` with ``Retry-After``
+abandoned       410     ``{"key", "state", "owner", "lease_until"}``: its process died; unknown
+rolled-back     404     ``{"key", "state", "owner", "lease_until"}``: died, effect rolled back
 expired         410     ``{"key", "state"}``: seen, but the result is forgotten
 not-stored      410     ``{"key", "state"}``: done, but its response was too large to keep
 unknown         404     ``{"key", "state"}``: this store never saw the key
 ==============  ======  ============================================================
 
-Only 404 lets an agent rerun the call, and this store answers it only for keys
-it never saw: an expired key keeps a tombstone and answers 410, which the agent
-treats as "cannot tell" and passes to a person.
+Only 404 lets an agent rerun the call, and this store answers it only when it is
+certain nothing happened: for keys it never saw, and for keys whose request died
+with its process on an endpoint whose effect commits with the key (rolled back
+with it). An expired key keeps a tombstone and answers 410, as does a key whose
+request died on any other endpoint (abandoned: it may have acted): the agent
+treats 410 as "cannot tell" and passes the call to a person.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from dataclasses import dataclass
 import msgspec
 
 from ..transports.http import ORIGINAL_STATUS_HEADER
-from ._store import (
-    IdempotencyStore,
+from ._keys import (
     KeyRecord,
     KeyState,
+    KeyStore,
     StoredOutcome,
     StoredResponse,
     Unstored,
@@ -42,6 +47,8 @@ __all__ = ["LookupAnswer", "http_answer", "lookup"]
 
 _STATUS = {
     KeyState.IN_FLIGHT: 409,
+    KeyState.ABANDONED: 410,
+    KeyState.ROLLED_BACK: 404,
     KeyState.EXPIRED: 410,
     KeyState.UNKNOWN: 404,
 }
@@ -56,10 +63,10 @@ class LookupAnswer:
     body: bytes
 
 
-async def lookup(store: IdempotencyStore, key: str, *, principal: str = "") -> KeyRecord:
-    """What ``store`` knows about ``key``: done (with the result), in flight, expired or unknown.
+async def lookup(store: KeyStore, key: str, *, principal: str = "") -> KeyRecord:
+    """What ``store`` knows about ``key``: done (with the result), in flight, abandoned, etc.
 
-    ``principal`` is the asker's :func:`~durably.receivers._store.principal_digest`:
+    ``principal`` is the asker's :func:`~durably.receivers._keys.principal_digest`:
     a key is looked up within its principal's scope, so one client cannot read
     another's stored response.
 
@@ -101,8 +108,11 @@ def http_answer(record: KeyRecord) -> LookupAnswer:
         )
     if record.state is KeyState.IN_FLIGHT:
         headers.append(("retry-after", "1"))
+    said: dict[str, object] = {"key": record.key, "state": str(record.state)}
+    if record.owner is not None:
+        said["owner"] = record.owner
+    if record.lease_until is not None:
+        said["lease_until"] = record.lease_until.isoformat()
     return LookupAnswer(
-        status=_STATUS.get(record.state, 500),
-        headers=headers,
-        body=msgspec.json.encode({"key": record.key, "state": str(record.state)}),
+        status=_STATUS.get(record.state, 500), headers=headers, body=msgspec.json.encode(said)
     )

@@ -13,6 +13,9 @@ middleware does:
 - the same key with other arguments (or for another tool) is an error;
 - a call with the key while the first is still running waits up to ``wait``
   seconds for it, then is an error saying the call is still in flight;
+- a call with a key whose first call died with its server process (its lease
+  lapsed) is an error saying so, never a second run: the first may have acted,
+  and the key's lookup says ``abandoned``;
 - a key older than the store's TTL counts as new.
 
 Keys are scoped by principal (per client), as the HTTP middleware scopes them:
@@ -55,14 +58,16 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..transports.mcp import META_KEY
-from ._store import (
+from ._keys import (
+    Abandoned,
     Busy,
     Claimed,
-    IdempotencyStore,
+    KeyStore,
     Mismatch,
     Replay,
     StoredOutcome,
     principal_digest,
+    renewing,
     valid_key,
 )
 
@@ -91,7 +96,7 @@ def key_from_meta(meta: Any) -> str | None:
 
 
 def deduplicated(
-    store: IdempotencyStore,
+    store: KeyStore,
     *,
     wait: float = 10.0,
     name: str | None = None,
@@ -141,6 +146,11 @@ def deduplicated(
                 raise sdk.ToolError(
                     f"idempotency key {key} was used before with other arguments or another tool"
                 )
+            if isinstance(claim, Abandoned):
+                raise sdk.ToolError(
+                    f"the call with idempotency key {key} died with its server process and "
+                    "may have acted; it is not run again (its lookup says abandoned)"
+                )
             if isinstance(claim, Busy):
                 raise sdk.ToolError(
                     f"a call with idempotency key {key} is still running; try again later"
@@ -152,13 +162,12 @@ def deduplicated(
     return decorate
 
 
-async def _run_claimed(
-    store: IdempotencyStore, claim: Claimed, sdk: _Sdk, call: Awaitable[Any]
-) -> Any:
+async def _run_claimed(store: KeyStore, claim: Claimed, sdk: _Sdk, call: Awaitable[Any]) -> Any:
     from pydantic_core import to_jsonable_python
 
     try:
-        value = await call
+        async with renewing(store, claim):
+            value = await call
     except Exception as exc:
         await store.finish(
             claim, StoredOutcome(error=str(exc), tool_error=isinstance(exc, sdk.ToolError))
