@@ -24,7 +24,6 @@ returns once the record and the size it reaches are durable, in one system call)
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 import sys
@@ -32,6 +31,7 @@ import zlib
 from collections.abc import Iterator
 
 from .. import faults
+from .._sysio import logger
 from ..errors import CheckpointCorrupt
 from .rundir import Claim
 
@@ -63,8 +63,6 @@ MIN_RESERVE = 256 << 10
 least this much, so that the log lies in one or two extents (docs/design.md, LangGraph saver)..."""
 MAX_RESERVE = 8 << 20
 """...and at most this much."""
-
-log = logging.getLogger("durably.store")
 
 
 def frame(payload: bytes) -> bytes:
@@ -225,7 +223,7 @@ class FramedLog:
         try:
             self.reserving = self.claim.directory.fs.allocate(fd, self.size, size - self.size)
         except OSError as exc:
-            log.info("could not reserve space for %s: %s", self.name, exc)
+            logger("durably.store").info("could not reserve space for %s: %s", self.name, exc)
             self.reserving = False
             return
         if self.reserving:
@@ -239,7 +237,7 @@ class FramedLog:
         try:
             self.claim.directory.fs.truncate(fd, self.size)
         except OSError as exc:  # the zeros read as the end of the log: nothing is lost
-            log.info("could not trim %s: %s", self.name, exc)
+            logger("durably.store").info("could not trim %s: %s", self.name, exc)
         self.reserved = self.size
 
     def close(self) -> None:
