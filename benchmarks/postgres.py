@@ -61,6 +61,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from durably.checkpoint.envelope import seal
 from durably.postgres import PostgresRun, PostgresStore
 from durably.state import (
     AssistantMessage,
@@ -71,7 +72,6 @@ from durably.state import (
     Usage,
     UserMessage,
 )
-from durably.stores._envelope import seal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
 # The tests' throwaway-cluster helper: one way to start a server, for both.

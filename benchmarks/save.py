@@ -51,6 +51,7 @@ import msgspec
 from typing_extensions import override
 
 from durably._sysio import filesystem_type, fsync_fd
+from durably.checkpoint.envelope import Sealer, open_envelope, seal
 from durably.state import (
     AssistantMessage,
     Message,
@@ -63,7 +64,6 @@ from durably.state import (
     decode_state,
     encode_state,
 )
-from durably.stores._envelope import Sealer, open_envelope, seal
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 

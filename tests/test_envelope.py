@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import durably
 from _helpers.samples import state_a, state_b
+from durably.checkpoint import envelope
+from durably.checkpoint.envelope import Sealer, open_sealed, seal
 from durably.state import AssistantMessage, RunState, ToolResult, UserMessage, encode_state
-from durably.stores import _envelope
-from durably.stores._envelope import Sealer, open_sealed, seal
 
 
 def grown(state: RunState, n: int) -> None:
@@ -115,4 +115,4 @@ def test_a_version_and_a_generation_must_agree() -> None:
     with pytest.raises(ValueError, match="version"):
         Sealer().seal(state, journal=2, version=1)
     assert open_sealed(seal(state, journal=2, version=2), path="x").version == 2
-    assert _envelope.VERSIONS == (1, 2, 3)
+    assert envelope.VERSIONS == (1, 2, 3)

@@ -24,8 +24,8 @@ import msgspec
 import pytest
 
 import durably
+from durably.checkpoint.envelope import open_envelope
 from durably.state import RunState
-from durably.stores._envelope import open_envelope
 from durably.stores.file import FileStore
 from durably.sweep.powerloss import (
     MUTANTS,

@@ -11,6 +11,7 @@ import pytest
 from typing_extensions import override
 
 from durably._sysio import FileSystem
+from durably.checkpoint import delta, envelope
 from durably.state import (
     AssistantMessage,
     AttemptMarker,
@@ -24,7 +25,6 @@ from durably.state import (
     UserMessage,
     encode_state,
 )
-from durably.stores import _delta, _envelope
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 
@@ -110,15 +110,15 @@ def counted_run(
 ) -> Counts:
     """Count one growing run's saves, then check it reads back as the last state saved."""
     encoded = [0]
-    monkeypatch.setattr(_delta, "_field_encoder", CountingEncoder(encoded))
-    monkeypatch.setattr(_delta, "_record_encoder", CountingEncoder(encoded))
-    real_init = _envelope.Sealer.__init__
+    monkeypatch.setattr(delta, "_field_encoder", CountingEncoder(encoded))
+    monkeypatch.setattr(delta, "_record_encoder", CountingEncoder(encoded))
+    real_init = envelope.Sealer.__init__
 
-    def counting_sealer(self: _envelope.Sealer) -> None:
+    def counting_sealer(self: envelope.Sealer) -> None:
         real_init(self)
         self._encoder = CountingEncoder(encoded)  # type: ignore[assignment]
 
-    monkeypatch.setattr(_envelope.Sealer, "__init__", counting_sealer)
+    monkeypatch.setattr(envelope.Sealer, "__init__", counting_sealer)
     fs = CountingFS()
     store = store_type(tmp_path / "runs", sync=False, fs=fs)
     state = RunState(

@@ -26,11 +26,11 @@ from _helpers import CHILD
 from _helpers.samples import state_a, state_b, without_saved_at
 from durably import _sysio as sysio
 from durably._sysio import FileSystem
+from durably.checkpoint.envelope import seal
 from durably.keys import RUN_ID_PATTERN
 from durably.state import FORMAT, RunState
 from durably.stores import RunHandle, Store
 from durably.stores import file as file_store
-from durably.stores._envelope import seal
 from durably.stores.file import FileStore
 
 TEMP = re.compile(r"\.r1\.[0-9a-f]{16}\.tmp")

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 
 import durably
+from durably.checkpoint.envelope import open_sealed
 from durably.state import RunState, ToolResult, encode_state
 from durably.stores import journal
-from durably.stores._envelope import open_sealed
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 

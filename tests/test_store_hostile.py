@@ -13,9 +13,9 @@ import msgspec
 import pytest
 
 import durably
+from durably.checkpoint.envelope import seal
 from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, UserMessage, utcnow
 from durably.stores import journal
-from durably.stores._envelope import seal
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 

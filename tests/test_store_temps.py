@@ -9,7 +9,7 @@ import pytest
 from _helpers.samples import state_a, state_b
 from durably import faults
 from durably._sysio import is_temp_name, temp_name
-from durably.stores._envelope import seal
+from durably.checkpoint.envelope import seal
 from durably.stores.file import FileStore
 from durably.stores.journal import JournalStore
 

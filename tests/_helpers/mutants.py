@@ -247,36 +247,38 @@ def _workspace_unsynced() -> list[tuple[Any, str, Any]]:
 
 
 def _postgres_save_unfenced() -> list[tuple[Any, str, Any]]:
+    from durably.postgres import _sql
     from durably.postgres import store as postgres
 
     unfenced = {}
-    for name in ("_SAVE_CHANGE", "_SAVE_STATE"):  # a lone save: a change, or a snapshot
-        statement = getattr(postgres, name)
+    for name in ("SAVE_CHANGE", "SAVE_STATE"):  # a lone save: a change, or a snapshot
+        statement = getattr(_sql, name)
         unfenced[name] = statement.replace("AND token = %(token)s ", "")
         if unfenced[name] == statement:
             raise RuntimeError(f"the save's UPDATE ({name}) has no token condition to remove")
     real = postgres.PostgresRun.save
 
     async def save(self: Any, state: Any) -> None:
-        with mock.patch.multiple(postgres, **unfenced):
+        with mock.patch.multiple(_sql, **unfenced):
             await real(self, state)
 
     return [(postgres.PostgresRun, "save", save)]
 
 
 def _postgres_group_save_unfenced() -> list[tuple[Any, str, Any]]:
-    from durably.postgres import store as postgres
+    from durably.postgres import _sql
+    from durably.postgres._groupcommit import GroupCommit
 
-    unfenced = postgres._SAVE_MANY.replace("AND r.token = v.token ", "")
-    if unfenced == postgres._SAVE_MANY:
+    unfenced = _sql.SAVE_MANY.replace("AND r.token = v.token ", "")
+    if unfenced == _sql.SAVE_MANY:
         raise RuntimeError("the group save's UPDATE has no token condition to remove")
-    real = postgres.PostgresStore._send_group
+    real = GroupCommit._send_group
 
     async def send_group(self: Any, group: Any) -> None:
-        with mock.patch.object(postgres, "_SAVE_MANY", unfenced):
+        with mock.patch.object(_sql, "SAVE_MANY", unfenced):
             await real(self, group)
 
-    return [(postgres.PostgresStore, "_send_group", send_group)]
+    return [(GroupCommit, "_send_group", send_group)]
 
 
 def _kill_does_nothing() -> list[tuple[Any, str, Any]]:

@@ -31,8 +31,12 @@ from _pg_jobs import make_agent, make_registry  # noqa: E402
 
 import durably  # noqa: E402
 from _helpers.samples import state_b  # noqa: E402
-from durably.postgres import PostgresRun, PostgresStore, work  # noqa: E402
-from durably.postgres import store as postgres  # noqa: E402
+from durably.postgres import (  # noqa: E402
+    PostgresRun,
+    PostgresStore,
+    _groupcommit,
+    work,
+)
 
 
 def say(message: object) -> None:
@@ -56,7 +60,7 @@ async def hold(store: PostgresStore, run_id: str) -> None:
 async def hold_many(store: PostgresStore, run_ids: list[str]) -> None:
     # Two save statements in flight at most, as in test_pg_group_commit.py: of five
     # runs saving at once, the last three share one statement.
-    postgres._SAVES_IN_FLIGHT = 2  # noqa: SLF001 -- the test's setting, in this process
+    _groupcommit.SAVES_IN_FLIGHT = 2  # the test's setting, in this process
     handles = [(await store.open(run_id))[0] for run_id in run_ids]
     say({"tokens": {h.run_id: h.token for h in handles}})
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psycopg
 
+from durably.postgres import PostgresStore
 from durably.stores import Store
 from durably.stores.file import FileStore
-from durably.stores.postgres import PostgresStore
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import durably
 from _helpers.samples import state_a
 from durably._exit import EXIT
 from durably.cli import main
-from durably.postgres import PostgresStore, claim, enqueue
+from durably.postgres import PostgresStore, _sql, claim, enqueue
 from durably.postgres import store as postgres
 from durably.state import AssistantMessage, RunState, ToolResult, UserMessage
 
@@ -156,7 +156,7 @@ def test_a_change_sent_again_after_it_landed_adds_nothing(
     lands again without a second row, and the run reads as saved once.
     """
     sent: list[list[dict[str, Any]]] = []
-    real = postgres._saving  # noqa: SLF001 -- the statement builder, watched
+    real = _sql.saving  # the statement builder, watched
 
     def watched(
         saves: list[dict[str, Any]],
@@ -164,7 +164,7 @@ def test_a_change_sent_again_after_it_landed_adds_nothing(
         sent.append(saves)
         return real(saves)
 
-    monkeypatch.setattr(postgres, "_saving", watched)
+    monkeypatch.setattr(_sql, "saving", watched)
     state = state_a("r1")
 
     async def scenario(store: PostgresStore) -> None:
@@ -342,17 +342,17 @@ def test_a_group_statement_carries_changes_and_snapshots_together(pg_dsn: str) -
 
 def slow_change_saves(monkeypatch: pytest.MonkeyPatch, pause: float) -> None:
     """From now on a lone change save holds the row's lock ``pause`` seconds after its UPDATE."""
-    slow = postgres._SAVE_CHANGE.replace(  # noqa: SLF001 -- the lone change save, slowed down
+    slow = _sql.SAVE_CHANGE.replace(  # the lone change save, slowed down
         "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
     )
-    assert slow != postgres._SAVE_CHANGE  # noqa: SLF001 -- as above
-    monkeypatch.setattr(postgres, "_SAVE_CHANGE", slow)
-    real = postgres._saving  # noqa: SLF001 -- the statement builder, given the pause
+    assert slow != _sql.SAVE_CHANGE
+    monkeypatch.setattr(_sql, "SAVE_CHANGE", slow)
+    real = _sql.saving  # the statement builder, given the pause
 
     def paused(saves: list[dict[str, Any]]) -> Any:
         return real([{**saves[0], "pause": pause}])
 
-    monkeypatch.setattr(postgres, "_saving", paused)
+    monkeypatch.setattr(_sql, "saving", paused)
 
 
 def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(

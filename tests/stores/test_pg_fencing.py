@@ -11,7 +11,7 @@ import pytest
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
-from durably.stores.postgres import PostgresStore
+from durably.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

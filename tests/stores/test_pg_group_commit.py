@@ -11,8 +11,7 @@ from _pg_procs import Child
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
-from durably.postgres import PostgresRun, PostgresStore
-from durably.postgres import store as postgres
+from durably.postgres import PostgresRun, PostgresStore, _groupcommit, _sql
 from durably.state import Phase, RunState
 
 pytestmark = pytest.mark.postgres
@@ -25,7 +24,7 @@ RUNS = ("r1", "r2", "r3", "r4", "r5")
 @pytest.fixture(autouse=True)
 def two_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two save statements in flight at most, so five runs saving at once make a group."""
-    monkeypatch.setattr(postgres, "_SAVES_IN_FLIGHT", 2)
+    monkeypatch.setattr(_groupcommit, "SAVES_IN_FLIGHT", 2)
 
 
 def store(dsn: str) -> PostgresStore:
@@ -125,7 +124,7 @@ def test_a_group_whose_statement_fails_sends_each_save_again_alone(
     """When a group's statement fails as a whole, each of its saves is sent again alone and
     lands, and the failure is logged (a warning unless the connection broke).
     """
-    monkeypatch.setattr(postgres, "_SAVE_MANY", broken)
+    monkeypatch.setattr(_sql, "SAVE_MANY", broken)
 
     async def scenario() -> None:
         async with store(pg_dsn) as s:
@@ -154,7 +153,7 @@ def test_a_save_cancelled_while_waiting_for_its_group_is_never_sent(pg_dsn: str)
             handles = await create_all(s)
             tasks = [asyncio.create_task(h.save(state_b(h.run_id))) for h in handles]
             await asyncio.sleep(0)  # each task has run up to its statement or its wait
-            assert len(s._waiting) == 3  # noqa: SLF001 -- r3, r4, r5 wait for a place in flight
+            assert len(s._group._waiting) == 3  # noqa: SLF001 -- r3, r4, r5 wait for a place in flight
             tasks[3].cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             assert [type(o).__name__ for o in outcomes] == [
@@ -184,10 +183,10 @@ def test_two_waiting_saves_of_one_run_go_in_turn_and_the_later_one_stays(
     """
     # The group statement (r3, r4 and the first r5) takes its time, so a second r5 sent
     # beside it instead of after it would land first and be overwritten.
-    real = postgres._SAVE_MANY  # noqa: SLF001 -- the group statement, slowed down below
+    real = _sql.SAVE_MANY  # the group statement, slowed down below
     slow = real.replace("FROM unnest(", "FROM (SELECT pg_sleep(0.2)) AS pause, unnest(")
     assert slow != real
-    monkeypatch.setattr(postgres, "_SAVE_MANY", slow)
+    monkeypatch.setattr(_sql, "SAVE_MANY", slow)
 
     async def scenario() -> None:
         async with store(pg_dsn) as s:
@@ -250,18 +249,18 @@ def test_a_save_given_back_by_a_failed_group_lands_before_the_runs_next_save(
     """When a group fails and its saves go again alone, a later save of one of its runs waits
     for that run's lone save to end, so the run ends with the later state.
     """
-    monkeypatch.setattr(postgres, "_SAVE_MANY", "SELECT no_such_function(%(run_ids)s)")
+    monkeypatch.setattr(_sql, "SAVE_MANY", "SELECT no_such_function(%(run_ids)s)")
     # A lone save of the earlier states (phase tools) takes its time, so the later r5
     # (phase done) sent beside r5's lone save instead of after it would be overwritten.
-    for name in ("_SAVE_CHANGE", "_SAVE_STATE"):  # a lone save, of a change or a snapshot
-        real = getattr(postgres, name)
+    for name in ("SAVE_CHANGE", "SAVE_STATE"):  # a lone save, of a change or a snapshot
+        real = getattr(_sql, name)
         slow = real.replace(
             "WHERE run_id",
             "FROM (SELECT pg_sleep(CASE WHEN %(phase)s = 'tools' THEN 0.3 ELSE 0 END)) AS pause\n"
             "    WHERE run_id",
         )
         assert slow.count("pg_sleep") == 1
-        monkeypatch.setattr(postgres, name, slow)
+        monkeypatch.setattr(_sql, name, slow)
 
     async def scenario() -> None:
         async with store(pg_dsn) as s:

@@ -15,8 +15,8 @@ from _pg_procs import Child
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
+from durably.postgres import PostgresStore
 from durably.state import Phase, RunState
-from durably.stores.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

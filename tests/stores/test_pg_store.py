@@ -22,7 +22,7 @@ pytestmark = pytest.mark.postgres
 def test_importing_durably_does_not_import_psycopg() -> None:
     """``import durably`` and importing the Postgres store module leave psycopg unimported."""
     code = (
-        "import sys, durably, durably.stores.postgres, durably.postgres; "
+        "import sys, durably, durably.postgres, durably.postgres.store; "
         "print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import durably
 from _helpers.samples import sized_state, state_a, state_b, without_saved_at
+from durably.checkpoint.envelope import seal
 from durably.state import FORMAT, Phase, RunState
 from durably.stores import RunHandle, Store
-from durably.stores._envelope import seal
 
 T = TypeVar("T")
 

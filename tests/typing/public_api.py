@@ -13,9 +13,9 @@ from typing import Literal, assert_type
 
 import durably
 from durably import postgres
+from durably.postgres.store import PostgresStore
 from durably.state import ApprovalKind, ResolutionOutcome, RunState
 from durably.stores import RunHandle
-from durably.stores.postgres import PostgresStore
 from durably.transports import HttpToolError, McpToolError
 
 
@@ -29,11 +29,11 @@ async def postgres_store_is_a_class() -> None:
 
 
 async def the_postgres_package_is_typed(store: postgres.PostgresStore) -> None:
-    """``durably.postgres`` and the old ``durably.stores.postgres`` name the same store;
-    the work queue's functions are typed.
+    """``durably.postgres`` and ``durably.postgres.store`` name the same store; the work
+    queue's functions are typed.
     """
-    old: PostgresStore = store
-    assert_type(old, postgres.PostgresStore)
+    same: PostgresStore = store
+    assert_type(same, postgres.PostgresStore)
     claims = await postgres.claim(store, agents=["refunds"], limit=4)
     assert_type(claims, list[postgres.Claim])
     assert_type(claims[0].handle, postgres.PostgresRun)

@@ -33,6 +33,7 @@ from .._sysio import (
     logger,
     replace_file,
 )
+from ..checkpoint.envelope import Opened, Sealer, open_sealed
 from ..errors import (
     CheckpointCorrupt,
     Locked,
@@ -45,7 +46,6 @@ from ..errors import (
 )
 from ..keys import RUN_ID_PATTERN, validate_run_id
 from ..state import RunState, utcnow
-from ._envelope import Opened, Sealer, open_sealed
 from ._guard import check_parents, check_trusted, describe_kind, open_trusted
 
 __all__ = ["FileRun", "FileStore"]

@@ -56,9 +56,9 @@ from contextlib import suppress
 
 from .. import faults
 from .._sysio import FileSystem, logger
+from ..checkpoint.delta import Changes, Record, apply, decode_record, encode_record
 from ..errors import CheckpointCorrupt
 from ..state import RunState, check_ranges, utcnow
-from ._delta import Changes, Record, apply, decode_record, encode_record
 from .file import FileRun, FileStore
 
 __all__ = ["JournalRun", "JournalStore"]

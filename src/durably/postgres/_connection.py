@@ -1,0 +1,255 @@
+"""A Postgres store's connections: its pool, and how a statement is sent and retried.
+
+The pool is opened, and the schema migrated, on a store's first statement. Every
+statement durably sends is safe to repeat, so a broken connection is retried on
+another, with stamina's backoff, until a deadline; a write that still fails is
+``SaveFailed``, a read ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import SaveFailed, StorageError, StoreUnavailable
+from .schema import migrate
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+    Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
+
+__all__ = ["OWN_POOL_SIZE", "Connections", "StoreStats", "is_transient"]
+
+log = logging.getLogger("durably.store")
+_T = TypeVar("_T")
+
+_RETRY_FIRST = 0.02
+_RETRY_MAX = 0.5
+
+OWN_POOL_SIZE = 10
+"""Connections in the pool a store opens for itself (one passed in has its own size)."""
+
+
+@dataclass
+class StoreStats:
+    """Counters of one store, for workers' reports and tests."""
+
+    acquisitions: int = 0
+    """Leases taken: creates, opens and claims."""
+    saves: int = 0
+    """Saves the database accepted."""
+    stale_saves: int = 0
+    """Saves refused because the lease was lost: nothing was written."""
+    renewals: int = 0
+    lost: int = 0
+    """Handles marked lost by a failed renewal."""
+    retries: int = 0
+    """Statements tried again after a connection error."""
+    grouped: int = 0
+    """Saves sent in one statement with other runs' saves (group commit), landed or fenced."""
+    snapshots: int = 0
+    """Saves the database accepted that wrote the whole state (the others wrote a change)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A connection-level failure: the server went away, is starting, or the pool is empty."""
+    import psycopg
+
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def _is_refused_privilege(exc: BaseException) -> bool:
+    """The role may not do what was asked (SQLSTATE 42501: a read-only role writing)."""
+    import psycopg
+
+    return isinstance(exc, psycopg.errors.InsufficientPrivilege)
+
+
+class Connections:
+    """A store's connection pool and the sending of its statements on it.
+
+    Args:
+        dsn: the libpq connection string the store's own pool connects with.
+        where: the database, for messages (``postgresql://host:port/db``).
+        lease: how long a lease lasts: a statement is retried for up to one lease.
+        stats: the store's counters (``retries`` is counted here).
+        pool: a pool the caller opened and will close, or None for the store's own.
+    """
+
+    def __init__(
+        self, dsn: str, *, where: str, lease: timedelta, stats: StoreStats, pool: Pool | None
+    ) -> None:
+        self.dsn = dsn
+        self.where = where
+        self.lease = lease
+        self.stats = stats
+        self.pool: Pool | None = pool
+        self._owns_pool = pool is None
+        self._migrated = False
+        self._setup = asyncio.Lock()
+
+    @property
+    def max_size(self) -> int:
+        """The most connections the pool opens."""
+        return self.pool.max_size if self.pool is not None else OWN_POOL_SIZE
+
+    def describe(self, run_id: str) -> str:
+        """Where the run lives: the database, the table and the row."""
+        return f"{self.where} durably_runs[{run_id!r}]"
+
+    async def close(self) -> None:
+        """Close the store's own pool (a pool passed in is left open)."""
+        if self.pool is not None and self._owns_pool:
+            await self.pool.close()
+            self.pool = None
+            self._migrated = False
+
+    async def connect(self) -> Pool:
+        """The connection pool, opened and with the schema migrated on first use."""
+        if self.pool is not None and self._migrated:
+            return self.pool
+        async with self._setup:
+            if self.pool is None:
+                from psycopg import AsyncConnection
+                from psycopg.conninfo import conninfo_to_dict
+                from psycopg_pool import AsyncConnectionPool
+
+                kwargs: dict[str, Any] = {"autocommit": True}
+                if "application_name" not in conninfo_to_dict(self.dsn):
+                    kwargs["application_name"] = "durably"
+                pool: Pool = AsyncConnectionPool(
+                    self.dsn,
+                    connection_class=AsyncConnection,
+                    kwargs=kwargs,
+                    min_size=1,
+                    max_size=OWN_POOL_SIZE,
+                    open=False,
+                    name="durably",
+                )
+                await pool.open()
+                self.pool = pool
+            if not self._migrated:
+                async with self.pool.connection(timeout=self.lease.total_seconds()) as conn:
+                    await migrate(conn, where=self.where)
+                self._migrated = True
+            return self.pool
+
+    async def run(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        *,
+        what: str,
+        run_id: str = "-",
+        until: float | None = None,
+        writes: bool = True,
+    ) -> _T:
+        """Run ``operation(conn)`` on a pooled connection, retrying connection failures.
+
+        Every statement durably sends is safe to repeat (conditional on the token, or
+        checked as in :meth:`PostgresStore.create`), so a broken connection is retried on another
+        until ``until`` (a ``time.monotonic`` deadline; default: one lease from now).
+        A write that still fails is ``SaveFailed`` (the old state stays the truth);
+        a read that still fails is ``StoreUnavailable``.
+        """
+        deadline = until if until is not None else time.monotonic() + self.lease.total_seconds()
+        # The first try goes without stamina: setting up its retry context costs
+        # more CPU than the statement itself (about 0.1 ms a call, which capped
+        # saves/s at 32 runs), and nearly every statement succeeds at once.
+        try:
+            return await self.attempt(operation, deadline)
+        except Exception as exc:
+            if _is_refused_privilege(exc):
+                raise self._refused(exc, what=what, run_id=run_id, writes=writes) from exc
+            if not is_transient(exc):
+                raise
+            first = exc
+        return await self._retry(
+            operation, first, what=what, run_id=run_id, deadline=deadline, writes=writes
+        )
+
+    def _refused(self, exc: Exception, *, what: str, run_id: str, writes: bool) -> StorageError:
+        """The error for a statement the role's privileges refused; nothing was changed."""
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        remedy = (
+            "connect as a role that may write the durably tables (GRANT SELECT, INSERT, "
+            "UPDATE, DELETE ON durably_runs and the other durably_ tables TO it)"
+        )
+        if writes and run_id != "-":
+            return SaveFailed(
+                run_id=run_id, path=self.describe(run_id), reason=f"{detail}; {remedy}"
+            )
+        return StorageError(f"{self.where} ({what}): {detail}; nothing was changed; {remedy}")
+
+    async def _retry(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        first: Exception,
+        *,
+        what: str,
+        run_id: str,
+        deadline: float,
+        writes: bool,
+    ) -> _T:
+        """After the first try failed with ``first``: wait and retry as stamina would."""
+        import stamina
+
+        delay = _RETRY_FIRST
+
+        def backoff(exc: Exception) -> bool | float:
+            # stamina's backoff hook: a float is the wait before the next try, False gives up.
+            nonlocal delay
+            if not is_transient(exc) or time.monotonic() + delay >= deadline:
+                return False
+            self.stats.retries += 1
+            log.info("%s: %s; trying again on another connection", what, exc)
+            wait, delay = delay, min(_RETRY_MAX, delay * 2)
+            return wait
+
+        def unreachable(exc: Exception) -> Exception:
+            if writes:
+                return SaveFailed(
+                    run_id=run_id,
+                    path=self.describe(run_id) if run_id != "-" else self.where,
+                    reason=f"{what}: the database could not be reached ({exc})",
+                )
+            return StoreUnavailable(where=f"{self.where} ({what})", reason=str(exc))
+
+        # The first failure is judged and waited for as stamina would (no wait under
+        # stamina.set_testing; no retry at all when stamina is inactive).
+        wait = backoff(first) if stamina.is_active() else False
+        if wait is False:
+            raise unreachable(first) from first
+        if not stamina.is_testing():
+            await asyncio.sleep(wait)
+        try:
+            async for attempt in stamina.retry_context(on=backoff, attempts=None, timeout=None):
+                with attempt:
+                    return await self.attempt(operation, deadline)
+        except Exception as exc:
+            if _is_refused_privilege(exc):
+                raise self._refused(exc, what=what, run_id=run_id, writes=writes) from exc
+            if not is_transient(exc):
+                raise
+            raise unreachable(exc) from exc
+        raise AssertionError("unreachable: stamina ends with a return or an exception")
+
+    async def attempt(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        deadline: float,
+    ) -> _T:
+        """One try of :meth:`run`'s operation on a pooled connection."""
+        pool = self.pool if self._migrated and self.pool is not None else await self.connect()
+        timeout = max(0.05, deadline - time.monotonic())
+        async with pool.connection(timeout=timeout) as conn:
+            if conn.autocommit:
+                return await operation(conn)
+            async with conn.transaction():
+                return await operation(conn)

@@ -1,0 +1,192 @@
+"""The Postgres store's SQL: every statement it sends, and what a row holds of a run.
+
+Each statement that writes is conditional on the run's fencing token (and, but for a
+release, on an unexpired lease), so sending it again, as a retry after a broken
+connection does, never writes over another owner's run. Their texts are constants
+here, read when a statement is sent (tests slow one down or break its fencing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+__all__ = [
+    "ACQUIRE",
+    "CREATE",
+    "CREATED_MINE",
+    "LIST",
+    "READ",
+    "RELEASE",
+    "RENEW",
+    "SAVE_CHANGE",
+    "SAVE_MANY",
+    "SAVE_STATE",
+    "STORED",
+    "WHY_NOT",
+    "fetchone",
+    "saving",
+]
+
+CREATE = """
+INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, expires_at)
+VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING token
+"""
+
+CREATED_MINE = (
+    "SELECT token FROM durably_runs WHERE run_id = %(run_id)s "
+    "AND owner = %(owner)s AND state = %(state)s AND expires_at > now()"
+)
+"""After a retried :data:`CREATE` found the ID taken: whether an earlier attempt of this
+store's made the row (it committed before its connection broke)."""
+
+STORED = """r.state, r.state_seq, r.seq, ARRAY(
+    SELECT c.change FROM durably_changes AS c
+    WHERE c.run_id = r.run_id AND c.seq > r.state_seq ORDER BY c.seq)"""
+"""What a row holds of its run's state (:class:`~durably.postgres._rows.Stored`): the
+snapshot, its save number, the last save's number, and the changes since the snapshot,
+in order. Only ever in a
+``SELECT``, which reads the row and the changes from one snapshot of the database;
+never in the ``RETURNING`` of an ``UPDATE``, which may wait for a save in flight and
+then return that save's row with the changes of the older snapshot it began with."""
+
+ACQUIRE = """
+UPDATE durably_runs
+SET owner = %(owner)s, token = token + 1, expires_at = now() + %(lease)s
+WHERE run_id = %(run_id)s AND state IS NOT NULL
+  AND (expires_at IS NULL OR expires_at <= now())
+RETURNING token
+"""
+"""Take a run's lease; its state is read after, by :data:`READ`: once the token has
+moved, no save of an earlier owner can land, and a statement begun after the
+acquisition's commit sees every save that did."""
+
+WHY_NOT = """
+SELECT state IS NULL, owner, expires_at, expires_at > now() FROM durably_runs
+WHERE run_id = %(run_id)s
+"""
+
+SAVE_CHANGE = """
+WITH saved AS (
+    UPDATE durably_runs
+    SET phase = %(phase)s, saved_at = now(), parked = NULL, seq = %(seq)s
+    WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+      AND seq IN (%(seq)s - 1, %(seq)s)
+    RETURNING run_id
+), added AS (
+    INSERT INTO durably_changes (run_id, seq, change)
+    SELECT run_id, %(seq)s, %(change)s FROM saved
+    ON CONFLICT (run_id, seq) DO NOTHING
+)
+SELECT run_id FROM saved
+"""
+"""One run's save as its change: the row's ``seq`` moves on and the change is a new row of
+``durably_changes``, in one statement and one commit, conditional on the token and the
+lease; the big snapshot is not written again. The row's ``seq`` must be the save
+before this one, or this one: a save sent again after its first try landed unseen
+(a broken connection) finds its change there and adds nothing."""
+
+SAVE_STATE = """
+WITH saved AS (
+    UPDATE durably_runs
+    SET state = %(state)s, state_seq = %(seq)s, seq = %(seq)s, phase = %(phase)s,
+        saved_at = now(), parked = NULL
+    WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+      AND seq IN (%(seq)s - 1, %(seq)s)
+    RETURNING run_id
+), dropped AS (
+    DELETE FROM durably_changes AS c USING saved WHERE c.run_id = saved.run_id
+)
+SELECT run_id FROM saved
+"""
+"""One run's save as a new snapshot: the whole state, and the run's changes deleted, in
+one statement conditional on the token, the lease and the save number as
+:data:`SAVE_CHANGE` is. Sent again after it landed unseen, it writes the same snapshot."""
+
+SAVE_MANY = """
+WITH v AS (
+    SELECT * FROM unnest(%(run_ids)b::text[], %(tokens)b::bigint[], %(seqs)b::bigint[],
+                         %(phases)b::text[], %(states)b::bytea[], %(changes)b::bytea[])
+        AS v(run_id, token, seq, phase, state, change)
+), saved AS (
+    UPDATE durably_runs AS r
+    SET phase = v.phase, saved_at = now(), parked = NULL, seq = v.seq,
+        state = CASE WHEN v.state IS NULL THEN r.state ELSE v.state END,
+        state_seq = CASE WHEN v.state IS NULL THEN r.state_seq ELSE v.seq END
+    FROM v
+    WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
+      AND r.seq IN (v.seq - 1, v.seq)
+    RETURNING r.run_id, v.seq, v.state IS NOT NULL AS whole, v.change
+), dropped AS (
+    DELETE FROM durably_changes AS c USING saved
+    WHERE saved.whole AND c.run_id = saved.run_id
+), added AS (
+    INSERT INTO durably_changes (run_id, seq, change)
+    SELECT run_id, seq, change FROM saved WHERE NOT saved.whole
+    ON CONFLICT (run_id, seq) DO NOTHING
+)
+SELECT run_id FROM saved
+"""
+"""The saves of several runs in one statement and one commit, each row conditional on its
+own token, lease and save number exactly as a lone save's is; the result names the rows
+that landed. A save with a ``state`` is a snapshot, as :data:`SAVE_STATE` writes one;
+the others are changes, as :data:`SAVE_CHANGE` writes one."""
+
+RENEW = """
+UPDATE durably_runs SET expires_at = now() + %(lease)s
+WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
+RETURNING token
+"""
+
+RELEASE = """
+UPDATE durably_runs SET expires_at = NULL
+WHERE run_id = %(run_id)s AND token = %(token)s
+"""
+
+READ = f"SELECT r.run_id, {STORED} FROM durably_runs AS r WHERE r.run_id = ANY(%(run_ids)s)"  # noqa: S608 -- built from this module's constants only
+LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
+
+
+def saving(
+    saves: list[dict[str, Any]],
+) -> Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[set[str]]]:
+    """The statement that sends ``saves`` (of distinct runs): it returns the runs that landed.
+
+    One save goes as :data:`SAVE_CHANGE` or :data:`SAVE_STATE`; several as
+    :data:`SAVE_MANY`.
+    """
+    if len(saves) == 1:
+        params = saves[0]
+        statement = SAVE_STATE if params["change"] is None else SAVE_CHANGE
+
+        async def one(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+            cursor = await conn.execute(statement, params)
+            return {str(row[0]) for row in await cursor.fetchall()}
+
+        return one
+    columns = {
+        "run_ids": [p["run_id"] for p in saves],
+        "tokens": [p["token"] for p in saves],
+        "seqs": [p["seq"] for p in saves],
+        "phases": [p["phase"] for p in saves],
+        "states": [p["state"] for p in saves],
+        "changes": [p["change"] for p in saves],
+    }
+
+    async def many(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+        cursor = await conn.execute(SAVE_MANY, columns)
+        return {str(row[0]) for row in await cursor.fetchall()}
+
+    return many
+
+
+async def fetchone(
+    conn: AsyncConnection[tuple[Any, ...]], sql: str, params: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    cursor = await conn.execute(sql, params)
+    return await cursor.fetchone()
