@@ -62,9 +62,9 @@ from durably.postgres import PostgresStore
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "stores"))
 from _pg_cluster import Cluster  # the tests' throwaway-cluster helper  # noqa: E402
+from _pgproc import postmaster_pid, server_cpu, ticks  # noqa: E402
 
 DURABLY = str(Path(sys.executable).with_name("durably"))
-TICK = os.sysconf("SC_CLK_TCK")
 SUBMITTERS = 4
 """``durably submit`` processes at once while queueing a configuration's runs."""
 PICKUPS = 5
@@ -95,33 +95,6 @@ def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
 def wal_lsn(dsn: str) -> int:
     """The server's current WAL position, in bytes."""
     return int(sql(dsn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")[0][0])
-
-
-def _ticks(pid: int, *, children: bool = False) -> int:
-    """A process's CPU ticks (user + system), and its reaped children's with ``children``."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-    # After the command: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
-    own = int(fields[11]) + int(fields[12])
-    return own + (int(fields[13]) + int(fields[14]) if children else 0)
-
-
-def _parent(pid: str) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return -1
-
-
-def server_cpu(postmaster: int) -> float:
-    """CPU seconds the server has used: the postmaster, its live and its exited children."""
-    total = _ticks(postmaster, children=True)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _parent(entry) == postmaster:
-            total += _ticks(int(entry))
-    return total / TICK
 
 
 def environment(cluster_root: Path, dsn: str, agents: Sequence[str]) -> dict[str, str]:
@@ -181,7 +154,7 @@ class Fleet:
 
     def cpu(self) -> float:
         """The workers' CPU seconds so far."""
-        return sum(_ticks(p.pid) for p in self.procs) / TICK
+        return sum(ticks(p.pid) for p in self.procs) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         """SIGTERM every worker and wait for it."""
@@ -234,7 +207,7 @@ def measure(
     agent = f"fleet-{config.label}-{tag}"
     env = environment(cluster.root, dsn, [agent])
     run_ids = [f"{agent}-{n:04d}" for n in range(config.runs)]
-    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    postmaster = postmaster_pid(cluster.data)
     wal0 = wal_lsn(dsn)
     submit_all(env, agent, run_ids)
     cpu0 = server_cpu(postmaster)
