@@ -98,9 +98,11 @@ def test_changes_that_outgrow_the_snapshot_are_folded_into_a_new_one(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once the changes since the snapshot hold more bytes than it, the next save writes a
-    snapshot, so a read never replays more than about a snapshot's worth of changes.
+    snapshot, so a read never replays more than about a snapshot's worth of changes
+    (with the ratio at 1: the default policy waits for four snapshots' worth and 1 MB).
     """
     monkeypatch.setattr(postgres, "_SNAPSHOT_MIN_BYTES", 0)
+    monkeypatch.setattr(postgres, "_SNAPSHOT_RATIO", 1.0)
     state = state_a("r1")
 
     async def scenario(store: PostgresStore) -> None:
@@ -115,6 +117,27 @@ def test_changes_that_outgrow_the_snapshot_are_folded_into_a_new_one(
             held = sql(pg_dsn, "SELECT coalesce(sum(length(change)), 0) FROM durably_changes")
             assert held[0][0] <= snapshot + 2 * 400  # at most one change past the snapshot's size
         assert store.stats.snapshots >= 3
+        await handle.close()
+
+    run(pg_dsn, scenario)
+
+
+def test_a_run_growing_to_160_kb_writes_its_state_once(pg_dsn: str) -> None:
+    """A run whose state grows to about 160 KB by appends saves only changes after its first
+    snapshot (the journal store's policy: a snapshot once the changes outgrow four
+    snapshots and 1 MB), so the WAL holds each byte of the state about once.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        for n in range(1, 61):
+            step(state, n, size=2700)
+            await handle.save(state)
+        assert store.stats.snapshots == 0
+        held = sql(pg_dsn, "SELECT sum(length(change)) FROM durably_changes")[0][0]
+        assert held > 160_000
+        assert await store.read("r1") == state
         await handle.close()
 
     run(pg_dsn, scenario)

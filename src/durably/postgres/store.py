@@ -81,9 +81,15 @@ __all__ = [
 log = logging.getLogger("durably.store")
 _T = TypeVar("_T")
 
-_SNAPSHOT_MIN_BYTES = 64 << 10
+_SNAPSHOT_MIN_BYTES = 1 << 20
+_SNAPSHOT_RATIO = 4.0
 """A save writes the whole state, and deletes the run's changes, once the changes since
-the last snapshot hold more bytes than it and than this; otherwise it writes its change."""
+the last snapshot hold more bytes than ``_SNAPSHOT_RATIO`` snapshots and than
+``_SNAPSHOT_MIN_BYTES``; otherwise it writes its change. The journal store's
+compaction policy (``compact_ratio``, ``compact_min_bytes``): a read replays at most
+about five states' worth of bytes. Folding at one snapshot's worth above 64 KB wrote
+a growing run's state about twice more into the WAL (a 60-turn run of 160 KB: 2.6x
+the journal's bytes, 1.8x without; ``benchmarks/postgres.py``, docs/design.md)."""
 
 
 class PostgresStore:
@@ -424,7 +430,7 @@ class PostgresRun:
         if (
             changes is None
             or changes.rewritten(state)
-            or self._change_bytes > max(_SNAPSHOT_MIN_BYTES, self._snapshot_bytes)
+            or self._change_bytes > max(_SNAPSHOT_MIN_BYTES, _SNAPSHOT_RATIO * self._snapshot_bytes)
         ):
             # The snapshot names its save number inside its checksum.
             data = self._sealer.seal(state, journal=seq)
