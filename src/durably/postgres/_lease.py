@@ -56,17 +56,20 @@ def lost_how(row: tuple[Any, ...] | None, token: int, why: str, me: str) -> str:
         return f"is gone with its row (deleted; {why}); nothing was written; stop here"
     owner, now_token, live = row[0], int(row[1]), bool(row[2])
     if now_token == token:
-        state = "nobody holds it now" if not live else "the database has not seen it expire yet"
+        if live:  # this process gave up by its own clock, before the database's expiry
+            cause = f"lapsed ({why}; the database has not seen it expire yet)"
+        else:
+            cause = "lapsed (it expired by the database clock before a renewal reached it)"
         return (
-            f"lapsed ({why}) and no other worker has taken the run since ({state}); "
-            "nothing was written; stop here, a worker claims the run again"
+            f"{cause} and no other worker has taken the run since; nothing was written; "
+            "stop here, a worker claims the run again"
         )
     if owner == me:
         return (
-            f"lapsed ({why}) and this worker claimed the run again (token {now_token}); "
-            "nothing was written through the old lease; stop here, the new claim carries on"
+            f"lapsed and this worker claimed the run again (token {now_token}); nothing was "
+            "written through the old lease; stop here, the new claim carries on"
         )
     return (
-        f"lapsed ({why}) and was taken over by {owner} (token {now_token}); nothing was "
-        "written; stop here, the new owner carries on"
+        f"lapsed and was taken over by {owner} (token {now_token}); nothing was written; "
+        "stop here, the new owner carries on"
     )

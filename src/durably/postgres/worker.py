@@ -503,6 +503,8 @@ def _log_to_stderr() -> None:
         store_log.setLevel(logging.WARNING)  # its retries are INFO: one line per try
     if root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
+    # stamina's own line per retry ("stamina.retry_scheduled") says less than ours.
+    logging.getLogger("stamina").addHandler(logging.NullHandler())
 
 
 async def wait_for_database(
