@@ -142,7 +142,7 @@ class Cluster:
         self._pg_ctl("start")
 
     def halt(self) -> None:
-        """Stop the server abruptly (as a crash would) and leave it down; :meth:`resume` starts it."""
+        """Stop the server abruptly (as a crash would) and leave it down (see :meth:`resume`)."""
         self._pg_ctl("stop", "-m", "immediate")
 
     def resume(self) -> None:

@@ -66,6 +66,7 @@ class Durably:
 
     @property
     def output(self) -> str:
+        """Everything it printed so far."""
         return "\n".join(self.lines)
 
     def wait_for(self, ready: Callable[[], bool], *, what: str, within: float = 30) -> None:
@@ -77,6 +78,7 @@ class Durably:
             time.sleep(0.05)
 
     def said(self, pattern: str) -> Callable[[], bool]:
+        """A check for :meth:`wait_for`: its output matches ``pattern``."""
         return lambda: re.search(pattern, self.output) is not None
 
     def stop(self) -> int:
@@ -91,6 +93,7 @@ class Durably:
         return code
 
     def kill(self) -> None:
+        """SIGKILL it if it still runs, and close its pipe."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
@@ -118,10 +121,13 @@ def run_durably(tmp_path: Path) -> Iterator[Callable[..., Durably]]:
 
 
 def phases(dsn: str) -> dict[str, str]:
+    """Each run's phase, by run ID."""
     return dict(sql(dsn, "SELECT run_id, phase FROM durably_runs"))
 
 
 def submit_runs(dsn: str, run_ids: list[str]) -> None:
+    """Queue ledger runs under these IDs."""
+
     async def main() -> None:
         async with PostgresStore(dsn) as store:
             for run_id in run_ids:
@@ -131,6 +137,7 @@ def submit_runs(dsn: str, run_ids: list[str]) -> None:
 
 
 def assert_each_call_acted_once(root: Path, run_ids: list[str]) -> None:
+    """The ledger holds each run's calls exactly once."""
     effects = sorted((e["run_id"], e["call_id"]) for e in Ledger(root).effects())
     assert effects == sorted((r, c) for r in run_ids for c in CALLS)
 
@@ -204,10 +211,11 @@ def test_the_listing_shows_queued_claimed_and_parked_runs_with_owner_and_lease(
 
 def test_lease_lost_says_whether_the_lease_lapsed_or_who_took_the_run(pg_dsn: str) -> None:
     """A save after the lease lapsed with nobody taking the run says it lapsed; after this
-    worker claimed it again, says so; after another owner took it, names that owner."""
+    worker claimed it again, says so; after another owner took it, names that owner.
+    """
 
     async def main() -> list[str]:
-        said = []
+        said: list[str] = []
         async with (
             PostgresStore(pg_dsn, owner="worker-A", lease=timedelta(seconds=60)) as mine,
             PostgresStore(pg_dsn, owner="worker-B", lease=timedelta(seconds=60)) as theirs,
@@ -226,7 +234,8 @@ def test_lease_lost_says_whether_the_lease_lapsed_or_who_took_the_run(pg_dsn: st
         return said
 
     lapsed, reclaimed, taken = asyncio.run(main())
-    assert "lapsed" in lapsed and "no other worker has taken the run since" in lapsed
+    assert "lapsed" in lapsed
+    assert "no other worker has taken the run since" in lapsed
     assert "this worker claimed the run again (token 2)" in reclaimed
     assert "was taken over by worker-B (token 2)" in taken
     assert "taken over" not in lapsed + reclaimed
@@ -248,7 +257,8 @@ def own_cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def own_dsn(own_cluster: Cluster) -> str:
     """A fresh schema in :func:`own_cluster`, reached over TCP, with a password in the DSN
-    (the cluster trusts local connections, so it is never checked) that no message may show."""
+    (the cluster trusts local connections, so it is never checked) that no message may show.
+    """
     own_cluster.wait_ready()
     schema = f"t_{secrets.token_hex(6)}"
     with psycopg.connect(own_cluster.dsn, autocommit=True) as conn:
@@ -265,7 +275,8 @@ def test_a_worker_started_with_the_database_down_finishes_its_runs_once_it_comes
     own_cluster: Cluster, own_dsn: str, tmp_path: Path, run_durably: Callable[..., Durably]
 ) -> None:
     """Started while the server is down, the worker waits (saying for which database, and
-    why: the connection is refused), then claims and finishes every run once it is up."""
+    why: the connection is refused), then claims and finishes every run once it is up.
+    """
     run_ids = ["d1", "d2"]
     submit_runs(own_dsn, run_ids)
     own_cluster.halt()
@@ -284,7 +295,8 @@ def test_a_worker_started_with_the_database_down_finishes_its_runs_once_it_comes
     assert worker.stop() == 0, worker.output
     assert "2 done" in worker.output
     assert "hunter2secret" not in worker.output
-    assert "run '-'" not in worker.output and "disk" not in worker.output
+    assert "run '-'" not in worker.output
+    assert "disk" not in worker.output
     assert_each_call_acted_once(tmp_path, run_ids)
 
 
@@ -292,7 +304,8 @@ def test_a_worker_gives_up_after_its_wait_for_the_database_naming_it(
     own_cluster: Cluster, own_dsn: str, run_durably: Callable[..., Durably]
 ) -> None:
     """The wait is bounded by ``--wait-for-database``: then exit 1, naming the database and the
-    real cause, never a run, the disk or the password."""
+    real cause, never a run, the disk or the password.
+    """
     own_cluster.halt()
     try:
         worker = start_worker(run_durably, own_dsn, "--wait-for-database", "1")
@@ -304,7 +317,8 @@ def test_a_worker_gives_up_after_its_wait_for_the_database_naming_it(
     assert re.search("refused", worker.output, re.IGNORECASE), worker.output
     assert "--wait-for-database" in worker.output
     assert "hunter2secret" not in worker.output
-    assert "run '-'" not in worker.output and "disk" not in worker.output
+    assert "run '-'" not in worker.output
+    assert "disk" not in worker.output
 
 
 def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
@@ -337,5 +351,7 @@ def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
             rf"took over {run_id} from {re.escape(owner[1])} \(lease expired \d+\.\ds ago\)", out
         ), out
     assert re.search(r"s\d: in doubt note n1: ladder step 2 \(lookup\) -> found", out), out
-    assert "2 done" in out and "0 lost to another worker" in out and "0 failed" in out, out
+    assert "2 done" in out, out
+    assert "0 lost to another worker" in out, out
+    assert "0 failed" in out, out
     assert_each_call_acted_once(tmp_path, ["s1", "s2"])
