@@ -195,7 +195,9 @@ def version_of(states: Iterable[RunState | RunSummary]) -> str:
     digest = hashlib.sha256()
     for state in states:
         stamp = state.saved_at.isoformat() if state.saved_at else ""
-        if isinstance(state, RunSummary):  # a claim or a park changes no save
+        if isinstance(state, RunSummary) and (state.owner or state.parked):
+            # A claim or a park changes no save (a run page's stamp, from a state or a
+            # file store's summary, has neither, so both stamps of a run stay equal).
             stamp += f"|{state.owner}|{state.claimed}|{state.parked}"
         digest.update(f"{state.run_id}|{state.phase}|{stamp}\n".encode())
     return digest.hexdigest()[:16]
