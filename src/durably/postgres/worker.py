@@ -505,6 +505,8 @@ def _log_to_stderr() -> None:
         root.setLevel(logging.INFO)
     # stamina's own line per retry ("stamina.retry_scheduled") says less than ours.
     logging.getLogger("stamina").addHandler(logging.NullHandler())
+    # psycopg_pool's "error connecting in 'durably'" names no database; ours do.
+    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 
 async def wait_for_database(
