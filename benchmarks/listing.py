@@ -20,8 +20,17 @@ Prints each median, its ratio to ``full``, and whether the target (``warm`` and
 ``touched`` at most 1 s for 10,000 runs) is met. The runs are made once per
 directory and kept with ``--keep DIR`` (made again only if missing).
 
+With ``--layout postgres`` (issue 38) it times ``durably runs --dsn`` over ``--runs``
+runs in a throwaway Postgres cluster (or ``--dsn``): 5% queued, 1% paused with
+questions, the rest done with 8 replies (~10 KB a state), every one with its summary
+columns. ``columns`` is the ``durably runs --dsn`` process, the listing from the summary
+columns (paused runs are read whole, for their questions); ``in-proc`` the same
+listing inside a started process (no interpreter start-up); ``full`` the baseline
+that reads every state whole (``listing.list_runs_fully`` over the store), measured in the same run.
+
 Run: ``.venv/bin/python benchmarks/listing.py [--runs N] [--repeat R] [--keep DIR]``
-(``--full-repeat 1`` times the slow baseline once; ``--layout journal`` one layout only).
+(``--full-repeat 1`` times the slow baseline once; ``--layout journal`` one layout only;
+``--layout postgres [--dsn DSN]`` the Postgres listing).
 """
 
 from __future__ import annotations
@@ -143,6 +152,100 @@ def touch(directory: Path, runs: int, round_: int, *, journal: bool) -> None:
     store.close_sync()
 
 
+_PG_FULL = """
+import asyncio, sys
+from durably.listing import list_runs_fully, render_fleet
+from durably.postgres import PostgresStore
+
+async def main():
+    async with PostgresStore(sys.argv[1]) as store:
+        return await list_runs_fully(store)
+
+listing = asyncio.run(main())
+sys.stdout.write(render_fleet(listing.summaries, [r for r, _ in listing.unreadable],
+                              title="runs"))
+"""
+
+
+def make_postgres_runs(dsn: str, runs: int) -> None:
+    """``runs`` runs in the store at ``dsn``: 5% queued, 1% paused, the rest done."""
+    import asyncio
+
+    from durably.postgres import PostgresStore, submit
+
+    async def make() -> None:
+        async with PostgresStore(dsn) as store:
+            queued = runs // 20
+            for n in range(queued):
+                await submit(store, agent_name="ledger", task="settle", run_id=f"q-{n:06d}")
+            started = list(range(runs - queued))
+            for first in range(0, len(started), 100):
+
+                async def one(n: int) -> None:
+                    state = a_state(n, 8)
+                    if n % 100 == 0:  # paused with questions
+                        grow(state, 9)
+                        state.phase = Phase.PAUSED
+                    await (await store.create(state)).close()
+
+                await asyncio.gather(*(one(n) for n in started[first : first + 100]))
+
+    asyncio.run(make())
+
+
+def in_process(dsn: str) -> float:
+    """Seconds the listing takes inside a process that has started.
+
+    The statement, the summaries and the table (what a console poll pays), without
+    Python's start-up.
+    """
+    import asyncio
+
+    from durably.listing import render_fleet
+    from durably.postgres import PostgresStore
+
+    async def listed() -> float:
+        async with PostgresStore(dsn) as store:
+            await store.migrate()  # the pool and the schema check, as once per process
+            started = time.perf_counter()
+            listing = await store.summaries()
+            render_fleet(listing.summaries, title="runs")
+            return time.perf_counter() - started
+
+    return asyncio.run(listed())
+
+
+def postgres_listing(args: argparse.Namespace, durably: str) -> bool:
+    """Time ``durably runs --dsn`` against the full-load baseline; whether the target is met."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
+    from _pg_cluster import Cluster
+
+    cluster = None if args.dsn else Cluster.start()
+    try:
+        dsn = args.dsn or cluster.dsn  # type: ignore[union-attr]
+        started = time.perf_counter()
+        make_postgres_runs(dsn, args.runs)
+        made = time.perf_counter() - started
+        print(f"postgres: made {args.runs} runs in {made:.1f} s", file=sys.stderr)
+        columns, full, inside = [], [], []
+        for round_ in range(args.repeat):
+            if round_ < (args.full_repeat or args.repeat):
+                full.append(timed([sys.executable, "-c", _PG_FULL, dsn]))
+            columns.append(timed([durably, "runs", "--dsn", dsn]))
+            inside.append(in_process(dsn))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    base = statistics.median(full)
+    print(f"postgres: {args.runs} runs (5% queued, 1% paused, ~10 KB a state)")
+    for name, times in {"full": full, "columns": columns, "in-proc": inside}.items():
+        median = statistics.median(times)
+        print(f"  {name:8} median {median:6.3f} s  ({median / base:5.2f}x full)")
+    ok = bool(statistics.median(columns) <= TARGET_S * max(1.0, args.runs / TARGET_RUNS))
+    print(f"  columns <= {TARGET_S:.1f} s: {'met' if ok else 'NOT met'}")
+    return ok
+
+
 def timed(command: list[str]) -> float:
     """Run ``command`` as a whole process; return its wall time in seconds."""
     with open(os.devnull, "w") as sink:
@@ -161,11 +264,23 @@ def main() -> int:
         "--full-repeat", type=int, help="repeats of the full-load baseline (default: --repeat)"
     )
     parser.add_argument(
-        "--layout", choices=["journal", "snapshot"], action="append", help="default: both"
+        "--layout",
+        choices=["journal", "snapshot", "postgres"],
+        action="append",
+        help="default: both file layouts (postgres: the Postgres listing, by itself)",
     )
+    parser.add_argument("--dsn", help="with --layout postgres: this server, not a throwaway one")
     args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="durably-listing-"))
     durably = str(Path(sys.executable).with_name("durably"))
+    if args.layout == ["postgres"]:
+        met = postgres_listing(args, durably)
+        print(f"load: {os.getloadavg()[0]:.2f} (1-minute average)")
+        verdict = "met" if met and args.runs >= TARGET_RUNS else "NOT met"
+        print(f"target (10,000 Postgres runs listed in <= 1 s): {verdict}")
+        return 0
+    if args.layout and "postgres" in args.layout:
+        parser.error("--layout postgres runs by itself")
+    root = args.keep or Path(tempfile.mkdtemp(prefix="durably-listing-"))
     met = True
     try:
         for layout in args.layout or ["journal", "snapshot"]:

@@ -25,6 +25,7 @@ ARGUMENTS = {
     "show": ["run-1"],
     "submit": ["--agent", "triage:m1-done-after-delete"],
     "worker": [],
+    "workers": [],
 }
 
 

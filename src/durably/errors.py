@@ -323,13 +323,17 @@ class LeaseLost(OwnershipError):
 
     __module__ = "durably"
 
-    def __init__(self, *, run_id: str, token: int) -> None:
+    def __init__(self, *, run_id: str, token: int, how: str | None = None) -> None:
         self.run_id = run_id
         self.token = token
-        super().__init__(
-            f"run {run_id!r}: this process's lease (fencing token {token}) was taken over "
-            "by another worker; nothing was written; stop here, the new owner carries on"
+        self.how = how
+        """What became of the lease and what to do, when the store could tell (``lapsed
+        ...`` or ``was taken over by OWNER ...``); None: taken over, as far as is known."""
+        happened = how or (
+            "was taken over by another worker; nothing was written; stop here, "
+            "the new owner carries on"
         )
+        super().__init__(f"run {run_id!r}: this process's lease (fencing token {token}) {happened}")
 
 
 class StorageError(DurablyError):
@@ -400,11 +404,12 @@ class StoreUnavailable(StorageError):
 
     __module__ = "durably"
 
-    def __init__(self, *, where: str, reason: str) -> None:
+    def __init__(self, *, where: str, reason: str, outcome: str | None = None) -> None:
         self.where = where
         self.reason = reason
+        outcome = outcome or "nothing was changed"
         super().__init__(
-            f"{where}: the database could not be reached ({reason}); nothing was changed: "
+            f"{where}: the database could not be reached ({reason}); {outcome}: "
             "check the server and the DSN, then run the command again"
         )
 

@@ -10,9 +10,9 @@ the runs (:mod:`durably.stores._index`): only runs whose files changed since the
 index was written are loaded, and the index is rewritten when any were. It is a
 cache and never more: whatever state the index is in, the listing is the one
 that loading every run gives (:func:`list_runs_fully`, the benchmark's baseline
-and the tests' oracle). On Postgres the summary is computed from each run's
-state: the table has no summary columns (turns, dollars and questions live in
-the state only), and adding them would touch every save.
+and the tests' oracle). On Postgres the summaries are the table's
+summary columns, which every save writes (:func:`durably.postgres.fleet.list_summaries`;
+a store with a ``summaries()`` method gives its own listing).
 """
 
 from __future__ import annotations
@@ -38,12 +38,16 @@ __all__ = [
     "Listing",
     "Question",
     "RunSummary",
+    "in_phase",
+    "lease_text",
     "list_directory",
     "list_runs",
     "list_runs_fully",
+    "phase_text",
     "plain",
     "questions",
     "render",
+    "render_fleet",
     "select",
     "summarize",
     "table",
@@ -114,6 +118,20 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     saved_at: datetime | None
     questions: tuple[Question, ...] = ()
     """The questions the run waits for (empty unless it is paused for a person)."""
+    agent: str | None = None
+    """The registered agent a Postgres worker runs it with (None: not submitted)."""
+    owner: str | None = None
+    """The process named in its Postgres lease, live or not (None: never claimed)."""
+    lease_left: float | None = None
+    """Seconds until its Postgres lease expires, by the database clock; negative: it
+    expired that long ago; None: no lease (queued, handed back, or a file store)."""
+    parked: str | None = None
+    """Why a worker parked it (no worker claims it until a person resumes it)."""
+
+    @property
+    def claimed(self) -> bool:
+        """Whether a live lease holds it (a worker is on it)."""
+        return self.lease_left is not None and self.lease_left > 0
 
 
 _summary_decoder = msgspec.json.Decoder(RunSummary)
@@ -209,6 +227,10 @@ async def list_runs(store: Store) -> Listing:
         import asyncio  # only where a loop runs (start-up stays light)
 
         return await asyncio.to_thread(list_directory, store)
+    summaries = getattr(store, "summaries", None)
+    if summaries is not None:  # Postgres: its summary columns, queued runs too
+        listed: Listing = await summaries()
+        return listed
     return await list_runs_fully(store)
 
 
@@ -243,7 +265,7 @@ def select(
         sort: ``saved`` (last saved first; never-saved runs last) or ``run`` (by run ID).
         limit: at most this many, after sorting (None: all).
     """
-    chosen = [s for s in summaries if phase is None or s.phase == phase]
+    chosen = [s for s in summaries if phase is None or in_phase(s, phase)]
     if sort == "saved":
         chosen.sort(key=lambda s: s.run_id)
         chosen.sort(key=_saved_key, reverse=True)
@@ -252,6 +274,19 @@ def select(
     else:
         raise ValueError(f"unknown sort {sort!r}: sort by saved or run")
     return chosen if limit is None else chosen[:limit]
+
+
+def in_phase(summary: RunSummary, phase: str) -> bool:
+    """Whether ``summary`` is in ``phase``.
+
+    A state phase, ``queued``, ``parked`` (parked by a worker, in any phase) or
+    ``claimed`` (a live lease holds it).
+    """
+    if phase == "parked":
+        return summary.parked is not None
+    if phase == "claimed":
+        return summary.claimed
+    return summary.phase == phase
 
 
 def _saved_key(summary: RunSummary) -> tuple[bool, float]:
@@ -296,6 +331,74 @@ def render(
     rows += [(run, "unreadable", "-", "-", "-", "-") for run in unreadable]
     red = {n for n, r in enumerate(rows) if color and r[1] == "unreadable"}
     return table(_COLUMNS, rows, title=title, right=_RIGHT, red=(red, 1))
+
+
+_FLEET_COLUMNS = (
+    "run",
+    "phase",
+    "agent",
+    "owner",
+    "lease",
+    "turns",
+    "dollars",
+    "restarts",
+    "age",
+    "last saved",
+)
+
+
+def lease_text(summary: RunSummary) -> str:
+    """The lease column: ``expires in 12s``, ``expired 3s ago`` or ``-`` (no lease)."""
+    left = summary.lease_left
+    if left is None:
+        return "-"
+    return f"expires in {_span(left)}" if left > 0 else f"expired {_span(-left)} ago"
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def phase_text(summary: RunSummary) -> str:
+    """The phase column of a fleet table: the phase, and ``parked`` when a worker parked it."""
+    return f"{summary.phase}, parked" if summary.parked is not None else summary.phase
+
+
+def render_fleet(
+    summaries: Sequence[RunSummary],
+    unreadable: Sequence[str] = (),
+    *,
+    title: str,
+    color: bool = False,
+) -> str:
+    """:func:`render` for a Postgres store: with each run's agent, owner and lease, and age.
+
+    The owner is shown while the lease is live or expired-but-not-yet-taken
+    (``lease`` says which); a run handed back shows its last owner with no lease.
+    """
+    rows: list[tuple[str, ...]] = [
+        (
+            s.run_id,
+            phase_text(s),
+            s.agent or "-",
+            s.owner or "-",
+            lease_text(s),
+            str(s.turns),
+            f"${s.dollars:.4f}",
+            str(s.resumes),
+            age(s.created_at),
+            age(s.saved_at),
+        )
+        for s in summaries
+    ]
+    rows += [(run, "unreadable", *["-"] * 8) for run in unreadable]
+    red = {n for n, r in enumerate(rows) if color and r[1] == "unreadable"}
+    return table(_FLEET_COLUMNS, rows, title=title, right=_RIGHT, red=(red, 1))
 
 
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

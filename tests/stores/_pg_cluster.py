@@ -141,6 +141,14 @@ class Cluster:
         self._pg_ctl("stop", "-m", "immediate")
         self._pg_ctl("start")
 
+    def halt(self) -> None:
+        """Stop the server abruptly (as a crash would) and leave it down (see :meth:`resume`)."""
+        self._pg_ctl("stop", "-m", "immediate")
+
+    def resume(self) -> None:
+        """Start the server again after :meth:`halt`, on the same port."""
+        self._pg_ctl("start")
+
     def wait_ready(self, timeout: float = 30) -> None:
         """Wait until the server accepts connections."""
         import psycopg

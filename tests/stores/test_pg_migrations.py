@@ -11,7 +11,7 @@ from _pg_sql import sql
 
 import durably
 from _helpers.samples import state_a, state_b, without_saved_at
-from durably.postgres import MIGRATIONS, PostgresStore, schema
+from durably.postgres import MIGRATIONS, PostgresStore, _sql, schema
 from durably.state import RunState, ToolResult
 
 pytestmark = pytest.mark.postgres
@@ -56,6 +56,52 @@ def store(dsn: str) -> PostgresStore:
     return PostgresStore(dsn, lease=timedelta(seconds=60))
 
 
+CREATE_BEFORE_4 = """
+INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, expires_at)
+VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING token
+"""
+"""How a durably before schema 4 created a run (no summary columns), to make old databases."""
+
+
+def test_runs_saved_before_the_summary_columns_list_from_their_state_until_saved(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run saved under schema 3 has no summary columns: the listing reads its state for
+    them (and says nothing is missing); its next save under schema 4 fills them in.
+    """
+    old = state_b("old1")
+    old.turns, old.resumes = 3, 2
+    with monkeypatch.context() as patch:
+        patch.setattr(schema, "MIGRATIONS", MIGRATIONS[:3])
+        patch.setattr(_sql, "CREATE", CREATE_BEFORE_4)
+
+        async def make() -> None:
+            async with store(pg_dsn) as s:
+                await (await s.create(old)).close()
+
+        asyncio.run(make())
+
+    async def upgrade() -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+        async with store(pg_dsn) as s:
+            before = await s.summaries()
+            handle, loaded = await s.open("old1")
+            loaded.turns = 4
+            await handle.save(loaded)
+            await handle.close()
+            after = await s.summaries()
+        return (
+            [(x.run_id, x.turns, x.resumes) for x in before.summaries],
+            [(x.run_id, x.turns, x.resumes) for x in after.summaries],
+        )
+
+    before, after = asyncio.run(upgrade())
+    assert before == [("old1", 3, 2)]
+    assert after == [("old1", 4, 2)]
+    assert sql(pg_dsn, "SELECT turns, resumes FROM durably_runs") == [(4, 2)]
+
+
 def test_a_database_made_by_schema_1_migrates_and_every_run_loads(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,6 +111,7 @@ def test_a_database_made_by_schema_1_migrates_and_every_run_loads(
     old = big_state("old1", "an old line of a log file\n")
     with monkeypatch.context() as patch:
         patch.setattr(schema, "MIGRATIONS", MIGRATIONS[:1])
+        patch.setattr(_sql, "CREATE", CREATE_BEFORE_4)
 
         async def make() -> None:
             async with store(pg_dsn) as s:
@@ -130,6 +177,7 @@ def test_runs_saved_before_changes_existed_load_and_go_on_with_changes(
     old = state_b("old1")
     with monkeypatch.context() as patch:
         patch.setattr(schema, "MIGRATIONS", MIGRATIONS[:2])
+        patch.setattr(_sql, "CREATE", CREATE_BEFORE_4)
 
         async def make() -> None:
             async with store(pg_dsn) as s:

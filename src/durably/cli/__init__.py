@@ -55,7 +55,7 @@ COMMANDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runs", "add_show_command", ("show",)),
     ("sweep", "add_sweep_command", ("sweep",)),
     ("runs", "add_runs_command", ("runs",)),
-    ("worker", "add_worker_commands", ("worker", "submit")),
+    ("worker", "add_worker_commands", ("worker", "submit", "workers")),
     ("person", "add_person_commands", ("pending", "answer", "resume", "console")),
 )
 """Where each command's parser comes from: (module of this package, its function, the

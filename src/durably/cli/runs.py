@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..listing import Listing
+    from ..postgres.fleet import QueuedRun
     from ..state import RunState
     from ..stores.file import FileStore
 
@@ -24,7 +25,12 @@ PHASES = ("model", "tools", "paused", "done")
 """The values of ``durably.state.Phase``, written out so that building the parser
 (``durably --help``) does not import the state's codec; a test keeps them equal."""
 
+FLEET_PHASES = ("queued", "claimed", "parked")
+"""What ``--phase`` also picks: submitted runs no worker started (Postgres), runs a
+live lease holds, and runs a worker parked for a person (in any phase)."""
+
 __all__ = [
+    "FLEET_PHASES",
     "PHASES",
     "add_runs_command",
     "add_show_command",
@@ -226,45 +232,30 @@ def _print_listing(
     phase: str | None,
     limit: int | None,
     sort: str,
+    fleet: bool = False,
 ) -> int:
-    from ..listing import render, select
+    from ..listing import render, render_fleet, select
 
     for _, exc in listed.unreadable:
         print_error(errors, exc)
     shown = select(listed.summaries, phase=phase, sort=sort, limit=limit)
     broken = [run for run, _ in listed.unreadable] if phase is None else []
     # Written as text: rich takes seconds to lay out thousands of rows (listing.render).
-    console.file.write(render(shown, broken, title=title, color=console.is_terminal))
+    draw = render_fleet if fleet else render
+    console.file.write(draw(shown, broken, title=title, color=console.is_terminal))
     console.file.flush()
     return len(listed.unreadable)
 
 
-_POSTGRES_BATCH = 200
-"""Runs read per statement when listing a Postgres store: bounded memory, few round trips."""
-
-
 async def _list_postgres(dsn: str) -> tuple[Listing, str]:
-    """Every started run of the Postgres store at ``dsn`` (each read whole), and where it is."""
-    from ..errors import DurablyError
-    from ..listing import Listing, summarize
-    from ..postgres.store import PostgresStore
-    from ..storechoice import StoreChoice
+    """Every run of the Postgres store at ``dsn``, and where it is.
 
-    listed = Listing()
+    Queued ones too, from the summary columns (``durably.postgres.fleet``).
+    """
+    from ..postgres.store import PostgresStore
+
     async with PostgresStore(dsn) as store:
-        runs = await store.list_runs()
-        for start in range(0, len(runs), _POSTGRES_BATCH):
-            batch = runs[start : start + _POSTGRES_BATCH]
-            stored = await store.stored(batch)
-            for run_id in batch:
-                if run_id not in stored:
-                    continue  # deleted since it was listed
-                try:
-                    listed.summaries.append(summarize(store.decode(run_id, stored[run_id])))
-                except DurablyError as exc:
-                    listed.unreadable.append((run_id, exc))
-                listed.loaded += 1
-    return listed, StoreChoice(dsn=dsn).describe()
+        return await store.summaries(), store.where
 
 
 def run_by_prefix(store: FileStore, given: str) -> str | list[str]:
@@ -301,6 +292,7 @@ def _store_directory(args: argparse.Namespace, errors: Console) -> Path | None:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    found: RunState | list[str] | str
     if args.dsn:
         import asyncio
 
@@ -322,6 +314,9 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
             highlight=False,
         )
         return EXIT["usage"]
+    if isinstance(found, str):  # a queued run: no state to show yet
+        sys.stdout.write(found)
+        return EXIT["done"]
     state = found
     if args.json:
         import msgspec
@@ -334,13 +329,54 @@ def _cmd_show(args: argparse.Namespace, console: Console, errors: Console) -> in
     return EXIT["done"]
 
 
-async def _read_postgres(dsn: str, given: str) -> RunState | list[str]:
-    """The run ``given`` names in the Postgres store at ``dsn``, or the IDs it starts."""
-    from ..storechoice import StoreChoice, opened_store
+async def _read_postgres(dsn: str, given: str) -> RunState | list[str] | str:
+    """The run ``given`` names in the Postgres store at ``dsn``, or the IDs it starts.
 
-    async with opened_store(StoreChoice(dsn=dsn)) as store:
-        run = pick_run(await store.list_runs(), given)
-        return run if isinstance(run, list) else await store.read(run)
+    For a queued run: the text that says so, and whether a live worker serves it.
+    """
+    from ..postgres.fleet import queued_run
+    from ..postgres.store import PostgresStore
+
+    async with PostgresStore(dsn) as store:
+        listed = await store.summaries()
+        run = pick_run([s.run_id for s in listed.summaries], given)
+        if isinstance(run, list):
+            return run
+        queued = await queued_run(store, run)
+        if queued is None:
+            return await store.read(run)
+        return queued_text(queued, store.where)
+
+
+def queued_text(queued: QueuedRun, where: str) -> str:
+    """What ``durably show`` says of a queued run: its agent, task, age, and who serves it."""
+    from ..listing import plain
+    from ..state import age
+
+    if queued.workers:
+        names = ", ".join(w.owner for w in queued.workers)
+        serving = f"{len(queued.workers)} live worker(s) serve {queued.agent!r}: {names}"
+    else:
+        serving = (
+            f"none: no live worker serves agent {queued.agent!r}; start one with "
+            f"`durably worker --dsn ... --import MODULE` (MODULE registers {queued.agent!r})"
+        )
+    rows = [
+        ("phase", "queued: submitted, not yet started by a worker"),
+        ("agent", queued.agent),
+        ("task", queued.task.splitlines()[0][:100] if queued.task else "-"),
+        (
+            "submitted",
+            f"{queued.created_at.isoformat(timespec='seconds')} ({age(queued.created_at)})",
+        ),
+        ("workers", serving),
+        ("store", where),
+    ]
+    if queued.parked:
+        rows.insert(1, ("parked", queued.parked))
+    width = max(len(key) for key, _ in rows)
+    lines = [plain(queued.run_id)] + [f"{key.ljust(width)}  {plain(value)}" for key, value in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -356,6 +392,7 @@ def _cmd_runs(args: argparse.Namespace, console: Console, errors: Console) -> in
             phase=args.phase,
             limit=args.limit,
             sort=args.sort,
+            fleet=True,
         )
         return EXIT["failed"] if unreadable else EXIT["done"]
     directory = _store_directory(args, errors)
@@ -397,14 +434,16 @@ def add_runs_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     state_option(runs_cmd)
     dsn_option(
         runs_cmd,
-        "list the runs of this PostgreSQL store (each read whole) instead (no password in "
-        "it: use PGPASSWORD or ~/.pgpass)",
+        "list the runs of this PostgreSQL store instead, queued ones too, with their agent, "
+        "owner and lease (no password in it: use PGPASSWORD or ~/.pgpass)",
         from_environment=False,
     )
     runs_cmd.add_argument(
         "--phase",
-        choices=PHASES,
-        help="only runs in this phase (unreadable runs are still named on stderr)",
+        choices=PHASES + FLEET_PHASES,
+        help="only runs in this phase; queued: submitted, not started; claimed: a live lease "
+        "holds it; parked: a worker parked it for a person (unreadable runs are still named "
+        "on stderr)",
     )
     runs_cmd.add_argument(
         "--limit", type=positive_int, metavar="N", help="at most N runs (after sorting)"

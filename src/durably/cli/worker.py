@@ -1,4 +1,4 @@
-"""``durably worker`` and ``durably submit``: Postgres workers.
+"""``durably worker``, ``durably submit`` and ``durably workers``: Postgres workers.
 
 The commands live in :mod:`durably.postgres.worker`; only their wiring is here.
 """
@@ -49,11 +49,22 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
                 lease=args.lease,
                 imports=args.imports,
                 say=console.print,
+                database_wait=args.wait_for_database,
             )
         )
     except ValueError as exc:
         print_error(errors, exc)
         return EXIT["usage"]
+    return EXIT["done"]
+
+
+def _cmd_workers(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import asyncio
+
+    from ..postgres.worker import workers_table
+
+    console.file.write(asyncio.run(workers_table(args.dsn)))
+    console.file.flush()
     return EXIT["done"]
 
 
@@ -117,7 +128,26 @@ def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     worker.add_argument(
         "--lease", type=positive_amount, default=15.0, help="lease length in seconds (default: 15)"
     )
+    worker.add_argument(
+        "--wait-for-database",
+        type=positive_amount,
+        default=300.0,
+        metavar="SECONDS",
+        help="at start, wait this long for the database to accept connections, trying again "
+        "with backoff (default: 300); then give up with exit status 1",
+    )
     worker.set_defaults(handler=_cmd_worker)
+
+    workers = commands.add_parser(
+        "workers", help="list the live workers of a Postgres store, with the agents they serve"
+    )
+    dsn_option(
+        workers,
+        "PostgreSQL connection string, no password in it (default: $DURABLY_DSN)",
+        from_environment=True,
+        required="DURABLY_DSN" not in os.environ,
+    )
+    workers.set_defaults(handler=_cmd_workers, plain_output=True)
 
     submit = commands.add_parser("submit", help="queue a run for a worker to start")
     common(submit)

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from ..decisions import Question, questions
 from ..keys import idempotency_key
-from ..listing import RunSummary
+from ..listing import RunSummary, in_phase, lease_text, phase_text
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
 
 __all__ = [
@@ -195,13 +195,17 @@ def version_of(states: Iterable[RunState | RunSummary]) -> str:
     digest = hashlib.sha256()
     for state in states:
         stamp = state.saved_at.isoformat() if state.saved_at else ""
+        if isinstance(state, RunSummary) and (state.owner or state.parked):
+            # A claim or a park changes no save (a run page's stamp, from a state or a
+            # file store's summary, has neither, so both stamps of a run stay equal).
+            stamp += f"|{state.owner}|{state.claimed}|{state.parked}"
         digest.update(f"{state.run_id}|{state.phase}|{stamp}\n".encode())
     return digest.hexdigest()[:16]
 
 
 def runs_version(runs: Sequence[RunSummary], problems: Sequence[str], phase: str | None) -> str:
     """The version of the runs page (:func:`runs_page`), also its poll's change stamp."""
-    shown = [s for s in runs if phase is None or s.phase == phase]
+    shown = [s for s in runs if phase is None or in_phase(s, phase)]
     return version_of(shown) + str(len(problems))
 
 
@@ -218,9 +222,12 @@ def runs_page(
     page: Page, runs: Sequence[RunSummary], problems: Sequence[str], phase: str | None
 ) -> str:
     """The table of runs (from their summaries), optionally only those in one phase."""
-    shown = [s for s in runs if phase is None or s.phase == phase]
+    shown = [s for s in runs if phase is None or in_phase(s, phase)]
+    # A Postgres fleet: queued runs, who holds each lease and until when.
+    fleet = any(s.agent is not None or s.owner is not None for s in runs)
     filters = ['<p class="filters">phase: ']
-    for name in (None, *[str(p) for p in Phase]):
+    names = [str(p) for p in Phase] + (["queued", "claimed", "parked"] if fleet else [])
+    for name in (None, *names):
         label = name or "all"
         href = page.root if name is None else f"{page.root}?phase={quote(name)}"
         current = ' aria-current="page"' if name == phase else ""
@@ -229,10 +236,18 @@ def runs_page(
     rows = []
     for state in shown:
         waiting = len(state.questions)
+        holder = (
+            f"<td>{e(state.agent or '-')}</td><td>{e(state.owner or '-')}</td>"
+            f"<td>{e(lease_text(state))}</td>"
+            if fleet
+            else ""
+        )
+        shown_phase = _phase(state.phase) if state.parked is None else e(phase_text(state))
         rows.append(
             "<tr>"
             f'<td><a href="{e(page.root)}runs/{e(quote(state.run_id))}">{e(state.run_id)}</a></td>'
-            f"<td>{_phase(state.phase)}</td>"
+            f"<td>{shown_phase}</td>"
+            f"{holder}"
             f"<td>{state.turns}</td>"
             f"<td>${state.dollars:.4f}</td>"
             f"<td>{state.resumes}</td>"
@@ -240,10 +255,11 @@ def runs_page(
             f"<td>{waiting if waiting else ''}</td>"
             "</tr>"
         )
+    holders = "<th>agent</th><th>owner</th><th>lease</th>" if fleet else ""
     table = (
-        "<table><thead><tr><th>run</th><th>phase</th><th>turns</th><th>dollars</th>"
+        f"<table><thead><tr><th>run</th><th>phase</th>{holders}<th>turns</th><th>dollars</th>"
         "<th>restarts</th><th>last saved</th><th>waiting questions</th></tr></thead>"
-        f"<tbody>{''.join(rows) or '<tr><td colspan=7>no runs</td></tr>'}</tbody></table>"
+        f"<tbody>{''.join(rows) or '<tr><td colspan=10>no runs</td></tr>'}</tbody></table>"
     )
     broken = "".join(f'<div class="notice error">{e(p)}</div>' for p in problems)
     body = f"<h1>Runs</h1>{''.join(filters)}{broken}{table}"

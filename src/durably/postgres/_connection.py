@@ -130,6 +130,10 @@ class Connections:
                     kwargs=kwargs,
                     min_size=1,
                     max_size=OWN_POOL_SIZE,
+                    # Give up a failing reconnection soon: the next request starts a new
+                    # one at once, where psycopg_pool's backoff would wait minutes after a
+                    # long outage before it tried again.
+                    reconnect_timeout=max(5.0, self.lease.total_seconds()),
                     open=False,
                     name="durably",
                 )
@@ -212,20 +216,24 @@ class Connections:
             wait, delay = delay, min(_RETRY_MAX, delay * 2)
             return wait
 
-        def unreachable(exc: Exception) -> Exception:
-            if writes:
+        async def unreachable(exc: Exception) -> Exception:
+            cause = await self.cause(exc)
+            if writes and run_id != "-":
                 return SaveFailed(
                     run_id=run_id,
-                    path=self.describe(run_id) if run_id != "-" else self.where,
-                    reason=f"{what}: the database could not be reached ({exc})",
+                    path=self.describe(run_id),
+                    reason=f"{what}: the database could not be reached ({cause}); check the "
+                    "server and the network, not the disk",
                 )
-            return StoreUnavailable(where=f"{self.where} ({what})", reason=str(exc))
+            # Not a run's save (a claim, the schema, a heartbeat): no run to name.
+            outcome = "it may or may not have landed" if writes else "nothing was changed"
+            return StoreUnavailable(where=f"{self.where} ({what})", reason=cause, outcome=outcome)
 
         # The first failure is judged and waited for as stamina would (no wait under
         # stamina.set_testing; no retry at all when stamina is inactive).
         wait = backoff(first) if stamina.is_active() else False
         if wait is False:
-            raise unreachable(first) from first
+            raise await unreachable(first) from first
         if not stamina.is_testing():
             await asyncio.sleep(wait)
         try:
@@ -237,8 +245,32 @@ class Connections:
                 raise self._refused(exc, what=what, run_id=run_id, writes=writes) from exc
             if not is_transient(exc):
                 raise
-            raise unreachable(exc) from exc
+            raise await unreachable(exc) from exc
         raise AssertionError("unreachable: stamina ends with a return or an exception")
+
+    async def cause(self, exc: BaseException) -> str:
+        """The real cause of a connection failure, for messages.
+
+        The pool only says it timed out: then one direct connection is tried, and
+        its error is the cause.
+        """
+        from psycopg_pool import PoolTimeout
+
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not isinstance(exc, PoolTimeout):
+            return text
+        from psycopg import AsyncConnection, OperationalError
+
+        try:
+            probe = await AsyncConnection.connect(self.dsn, connect_timeout=2, autocommit=True)
+        except OperationalError as failed:
+            detail = " ".join(str(failed).split()) or type(failed).__name__
+            waited = text.replace("couldn't get a connection ", "")
+            return f"{detail} (no connection of the pool {waited})"
+        except Exception as failed:
+            return f"{text}; connecting directly failed too: {type(failed).__name__}: {failed}"
+        await probe.close()
+        return f"{text}; the server accepts connections again now"
 
     async def attempt(
         self,

@@ -18,6 +18,7 @@ __all__ = [
     "ACQUIRE",
     "CREATE",
     "CREATED_MINE",
+    "HOLDER",
     "LIST",
     "READ",
     "RELEASE",
@@ -32,8 +33,10 @@ __all__ = [
 ]
 
 CREATE = """
-INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, expires_at)
-VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s)
+INSERT INTO durably_runs (run_id, task, phase, state, saved_at, owner, token, expires_at,
+                          turns, dollars, resumes)
+VALUES (%(run_id)s, %(task)s, %(phase)s, %(state)s, now(), %(owner)s, 1, now() + %(lease)s,
+        %(turns)s, %(dollars)s, %(resumes)s)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING token
 """
@@ -74,7 +77,8 @@ WHERE run_id = %(run_id)s
 SAVE_CHANGE = """
 WITH saved AS (
     UPDATE durably_runs
-    SET phase = %(phase)s, saved_at = now(), parked = NULL, seq = %(seq)s
+    SET phase = %(phase)s, saved_at = now(), parked = NULL, seq = %(seq)s,
+        turns = %(turns)s, dollars = %(dollars)s, resumes = %(resumes)s
     WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
       AND seq IN (%(seq)s - 1, %(seq)s)
     RETURNING run_id
@@ -95,7 +99,8 @@ SAVE_STATE = """
 WITH saved AS (
     UPDATE durably_runs
     SET state = %(state)s, state_seq = %(seq)s, seq = %(seq)s, phase = %(phase)s,
-        saved_at = now(), parked = NULL
+        saved_at = now(), parked = NULL,
+        turns = %(turns)s, dollars = %(dollars)s, resumes = %(resumes)s
     WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
       AND seq IN (%(seq)s - 1, %(seq)s)
     RETURNING run_id
@@ -111,11 +116,13 @@ one statement conditional on the token, the lease and the save number as
 SAVE_MANY = """
 WITH v AS (
     SELECT * FROM unnest(%(run_ids)b::text[], %(tokens)b::bigint[], %(seqs)b::bigint[],
-                         %(phases)b::text[], %(states)b::bytea[], %(changes)b::bytea[])
-        AS v(run_id, token, seq, phase, state, change)
+                         %(phases)b::text[], %(states)b::bytea[], %(changes)b::bytea[],
+                         %(turns)b::int[], %(dollars)b::float8[], %(resumes)b::int[])
+        AS v(run_id, token, seq, phase, state, change, turns, dollars, resumes)
 ), saved AS (
     UPDATE durably_runs AS r
     SET phase = v.phase, saved_at = now(), parked = NULL, seq = v.seq,
+        turns = v.turns, dollars = v.dollars, resumes = v.resumes,
         state = CASE WHEN v.state IS NULL THEN r.state ELSE v.state END,
         state_seq = CASE WHEN v.state IS NULL THEN r.state_seq ELSE v.seq END
     FROM v
@@ -148,6 +155,13 @@ UPDATE durably_runs SET expires_at = NULL
 WHERE run_id = %(run_id)s AND token = %(token)s
 """
 
+HOLDER = """
+SELECT owner, token, coalesce(expires_at > now(), false) FROM durably_runs
+WHERE run_id = %(run_id)s
+"""
+"""Who holds a run's lease now (its owner, token, and whether it is live): to word
+``LeaseLost`` once a save or renewal found the lease gone."""
+
 READ = f"SELECT r.run_id, {STORED} FROM durably_runs AS r WHERE r.run_id = ANY(%(run_ids)s)"  # noqa: S608 -- built from this module's constants only
 LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
 
@@ -176,6 +190,9 @@ def saving(
         "phases": [p["phase"] for p in saves],
         "states": [p["state"] for p in saves],
         "changes": [p["change"] for p in saves],
+        "turns": [p["turns"] for p in saves],
+        "dollars": [p["dollars"] for p in saves],
+        "resumes": [p["resumes"] for p in saves],
     }
 
     async def many(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:

@@ -34,7 +34,7 @@ RETURNING run_id
 
 RUNS_TO_CLAIM = """
 WITH claimable AS (
-    SELECT run_id FROM durably_runs
+    SELECT run_id, owner AS was_owner, expires_at AS was_expiring FROM durably_runs
     WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
       AND agent = ANY(%(agents)s)
       AND (expires_at IS NULL OR expires_at <= now())
@@ -46,11 +46,14 @@ UPDATE durably_runs AS r
 SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
 FROM claimable
 WHERE r.run_id = claimable.run_id
-RETURNING r.run_id, r.agent, r.task, r.token, r.state IS NULL
+RETURNING r.run_id, r.agent, r.task, r.token, r.state IS NULL,
+          claimable.was_owner, extract(epoch FROM now() - claimable.was_expiring)
 """
 """Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
 person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any
-number of workers claim at once without waiting on each other's rows."""
+number of workers claim at once without waiting on each other's rows. Each row also
+says who held it before and how long ago that lease expired (NULL: it was handed back
+or never held)."""
 
 _PARK = """
 UPDATE durably_runs SET parked = %(reason)s
@@ -69,6 +72,11 @@ class Claim:
     handle: PostgresRun
     stored: Stored | None = field(repr=False)
     """What the row holds of the state; None for a queued run that no worker has started."""
+    previous_owner: str | None = None
+    """Who held the lease before this claim (None: nobody ever did)."""
+    expired_ago: float | None = None
+    """Seconds since the previous lease expired, by the database clock; None when it
+    was handed back (freed) rather than left to expire."""
 
     def load(self) -> RunState | None:
         """The run's state (None when queued); ``CheckpointCorrupt`` if it cannot be read."""
@@ -127,7 +135,7 @@ async def claim(store: PostgresStore, *, agents: Sequence[str], limit: int) -> l
         # Read once the leases are ours: no earlier owner's save can land after it.
         stored = await store.stored(started) if started else {}
     except BaseException:
-        for run_id, _, _, token, _ in rows:  # hand the leases back
+        for run_id, _, _, token, *_ in rows:  # hand the leases back
             await store.adopt(run_id, int(token), sent=sent).close()
         raise
     return [
@@ -139,8 +147,10 @@ async def claim(store: PostgresStore, *, agents: Sequence[str], limit: int) -> l
                 run_id, int(token), sent=sent, seq=stored[run_id].seq if run_id in stored else 0
             ),
             stored=stored.get(run_id),
+            previous_owner=was_owner,
+            expired_ago=float(ago) if ago is not None else None,
         )
-        for run_id, agent, task, token, _ in rows
+        for run_id, agent, task, token, _, was_owner, ago in rows
     ]
 
 

@@ -102,6 +102,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        version=4,
+        description="run summaries in columns, and the workers with their heartbeats",
+        # The listing reads these columns, never the states. Each save writes them;
+        # rows saved before keep NULLs until their next save (the listing reads their
+        # state then). A worker's row says which agents it serves; it is live while
+        # expires_at is ahead of the database clock (each heartbeat moves it on).
+        sql="""
+        ALTER TABLE durably_runs
+            ADD COLUMN turns int,
+            ADD COLUMN dollars double precision,
+            ADD COLUMN resumes int;
+        CREATE TABLE durably_workers (
+            owner       text PRIMARY KEY,
+            agents      text[] NOT NULL,
+            concurrency int NOT NULL,
+            started_at  timestamptz NOT NULL DEFAULT now(),
+            seen_at     timestamptz NOT NULL DEFAULT now(),
+            expires_at  timestamptz NOT NULL
+        );
+        """,
+    ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
 

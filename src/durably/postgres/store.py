@@ -57,7 +57,7 @@ from ..state import RunState, utcnow
 from . import _sql
 from ._connection import Connections, StoreStats
 from ._groupcommit import GroupCommit
-from ._lease import CURRENT_LEASE, Lease, current_lease, default_owner
+from ._lease import CURRENT_LEASE, Lease, current_lease, default_owner, lost_how
 from ._rows import Stored, decoded
 from ._sql import STORED, fetchone
 from .schema import MIGRATIONS
@@ -65,6 +65,8 @@ from .schema import MIGRATIONS
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
+
+    from ..listing import Listing
 
     Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
 
@@ -81,9 +83,20 @@ __all__ = [
 log = logging.getLogger("durably.store")
 _T = TypeVar("_T")
 
-_SNAPSHOT_MIN_BYTES = 64 << 10
+_SNAPSHOT_MIN_BYTES = 1 << 20
+_SNAPSHOT_RATIO = 4.0
 """A save writes the whole state, and deletes the run's changes, once the changes since
-the last snapshot hold more bytes than it and than this; otherwise it writes its change."""
+the last snapshot hold more bytes than ``_SNAPSHOT_RATIO`` snapshots and than
+``_SNAPSHOT_MIN_BYTES``; otherwise it writes its change. The journal store's
+compaction policy (``compact_ratio``, ``compact_min_bytes``): a read replays at most
+about five states' worth of bytes. Folding at one snapshot's worth above 64 KB wrote
+a growing run's state about twice more into the WAL (a 60-turn run of 160 KB: 2.6x
+the journal's bytes, 1.8x without; ``benchmarks/postgres.py``, docs/design.md)."""
+
+
+def _summary(state: RunState) -> dict[str, Any]:
+    """The summary columns a save writes (``durably runs`` reads them, not the state)."""
+    return {"turns": state.turns, "dollars": state.dollars, "resumes": state.resumes}
 
 
 class PostgresStore:
@@ -149,6 +162,7 @@ class PostgresStore:
             "state": data,
             "owner": self.owner,
             "lease": self.lease,
+            **_summary(state),
         }
         sent = time.monotonic()
         attempts = 0
@@ -256,6 +270,17 @@ class PostgresStore:
     def describe(self, run_id: str) -> str:
         """Where the run lives: the database, the table and the row."""
         return self._connections.describe(run_id)
+
+    async def summaries(self) -> Listing:
+        """Every run's summary (queued ones too) from the summary columns, not the states."""
+        from .fleet import list_summaries
+
+        return await list_summaries(self)
+
+    @property
+    def where(self) -> str:
+        """The database, for messages: ``postgresql://host:port/dbname``, no password."""
+        return self._where
 
     # -- for the work queue (durably.postgres.queue) ----------------------------------------
 
@@ -416,7 +441,7 @@ class PostgresRun:
             self._mark_lost("no renewal reached the database before the lease ran out")
         if self._lost is not None:
             store.stats.stale_saves += 1
-            raise LeaseLost(run_id=self._run_id, token=self._token)
+            raise await self._lease_lost()
         state.saved_at = utcnow()
         seq = self._seq + 1
         changes = self._changes
@@ -424,7 +449,7 @@ class PostgresRun:
         if (
             changes is None
             or changes.rewritten(state)
-            or self._change_bytes > max(_SNAPSHOT_MIN_BYTES, self._snapshot_bytes)
+            or self._change_bytes > max(_SNAPSHOT_MIN_BYTES, _SNAPSHOT_RATIO * self._snapshot_bytes)
         ):
             # The snapshot names its save number inside its checksum.
             data = self._sealer.seal(state, journal=seq)
@@ -437,6 +462,7 @@ class PostgresRun:
             "phase": str(state.phase),
             "state": data,
             "change": change,
+            **_summary(state),
         }
         try:
             landed = await store._group.save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
@@ -446,7 +472,7 @@ class PostgresRun:
         if not landed:
             self._mark_lost("a save found the lease taken over or expired")
             store.stats.stale_saves += 1
-            raise LeaseLost(run_id=self._run_id, token=self._token)
+            raise await self._lease_lost()
         store.stats.saves += 1
         self._seq = seq
         if data is not None:
@@ -455,6 +481,34 @@ class PostgresRun:
         elif changes is not None and change is not None and after is not None:
             changes.saved(after)
             self._change_bytes += len(change)
+
+    async def _lease_lost(self) -> LeaseLost:
+        """``LeaseLost``, saying whether the lease only lapsed or who took the run since."""
+        params = {"run_id": self._run_id}
+
+        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return await fetchone(conn, _sql.HOLDER, params)
+
+        why = self._lost or "the lease was lost"
+        try:
+            row = await self._store._connections.run(  # noqa: SLF001 -- the run handle is part of its store (same module)
+                select,
+                what="reading who holds the lease",
+                run_id=self._run_id,
+                until=time.monotonic() + 2.0,
+                writes=False,
+            )
+        except Exception as exc:  # only to word the error: the lease is lost either way
+            how = (
+                f"lapsed ({why}); who holds it now could not be read ({exc}); nothing was "
+                "written; stop here"
+            )
+            return LeaseLost(run_id=self._run_id, token=self._token, how=how)
+        return LeaseLost(
+            run_id=self._run_id,
+            token=self._token,
+            how=lost_how(row, self._token, why, self._store.owner),
+        )
 
     def _loaded(self, state: RunState, stored: Stored) -> None:
         """Take ``state`` as what the row holds, as ``stored`` holds it."""

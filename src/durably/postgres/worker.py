@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from ..errors import (
 )
 from ..frontend import Drivable
 from ..keys import new_run_id
+from .fleet import heartbeat, live_workers, retire
 from .queue import Claim, claim, enqueue, park
 from .store import PostgresRun, PostgresStore
 
@@ -238,6 +240,9 @@ async def work(
     report = WorkReport()
     running: set[asyncio.Task[None]] = set()
     stopping = asyncio.ensure_future(stop.wait())
+    beating = asyncio.create_task(
+        _beat(store, registry.names(), concurrency), name="durably-worker-heartbeat"
+    )
     try:
         while not stop.is_set():
             free = concurrency - len(running)
@@ -250,7 +255,7 @@ async def work(
                 except Exception as exc:  # the database is down or restarting: try again
                     if not _is_database_error(exc):
                         raise
-                    log.warning("could not claim runs: %s", exc)
+                    log.warning("could not claim runs from %s: %s", store.where, exc)
             for claimed in claims:
                 report.claimed += 1
                 task = asyncio.create_task(
@@ -263,11 +268,47 @@ async def work(
             await asyncio.wait([stopping, *running], timeout=poll, return_when="FIRST_COMPLETED")
     finally:
         stopping.cancel()
+        beating.cancel()
         for task in running:
             task.cancel()
         if running:
             await asyncio.wait(list(running))
+        await asyncio.wait([beating])
+        await shielded(_retire(store))
     return report
+
+
+async def _beat(store: PostgresStore, agents: list[str], concurrency: int) -> None:
+    """Keep this worker's row of ``durably_workers`` live: a heartbeat every renewal period."""
+    every = store.renew_every.total_seconds()
+    failing = False
+    while True:
+        try:
+            await heartbeat(store, agents=agents, concurrency=concurrency, ttl=store.lease)
+        except DurablyError as exc:
+            if not failing:  # once per outage, not once a beat
+                log.warning("could not record the worker's heartbeat: %s", exc)
+            failing = True
+        except Exception as exc:
+            if not _is_database_error(exc):
+                raise
+            if not failing:
+                log.warning("could not record the worker's heartbeat in %s: %s", store.where, exc)
+            failing = True
+        else:
+            if failing:
+                log.info("the database %s answers again", store.where)
+            failing = False
+        await asyncio.sleep(every)
+
+
+async def _retire(store: PostgresStore) -> None:
+    try:
+        await retire(store)
+    except Exception as exc:  # its row expires by itself
+        if not isinstance(exc, DurablyError) and not _is_database_error(exc):
+            raise
+        log.info("could not remove the worker's row (%s); it expires by itself", exc)
 
 
 def _is_database_error(exc: BaseException) -> bool:
@@ -299,6 +340,7 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
                 log.info("starting %s (%s)", run_id, claimed.agent)
                 outcome = await agent.start(handle, claimed.task)
             else:
+                _log_whence(claimed)
                 log.info("resuming %s (%s, phase %s)", run_id, claimed.agent, state.phase)
                 outcome = await agent.drive(handle, state)
         except asyncio.CancelledError:
@@ -307,7 +349,7 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
             raise
         except LeaseLost as exc:
             report.lease_lost += 1
-            log.warning("%s", exc)
+            log.warning("%s (%s)", exc, handle.store.where)
         except (*_PERMANENT, LookupError, _FactoryFailed) as exc:
             report.parked += 1
             log.error("parking %s: %s", run_id, exc)
@@ -340,6 +382,25 @@ def _not_drivable(name: str, agent: object) -> str:
         f"the factory of agent {name!r} returned a {kind.__module__}.{kind.__qualname__}, "
         f"which has no start(handle, task) and drive(handle, state){hint}"
     )
+
+
+def _log_whence(claimed: Claim) -> None:
+    """Log how this worker came to hold a started run.
+
+    ``took over RUN from OWNER (lease expired T ago)``, or that its owner handed it back.
+    """
+    owner = claimed.previous_owner
+    if owner is None:
+        return
+    if claimed.expired_ago is None:
+        log.info("%s was handed back by %s", claimed.run_id, owner)
+    else:
+        log.info(
+            "took over %s from %s (lease expired %.1fs ago)",
+            claimed.run_id,
+            owner,
+            claimed.expired_ago,
+        )
 
 
 class _FactoryFailed(Exception):
@@ -387,6 +448,7 @@ async def serve(
     lease: float,
     imports: Iterable[str] = (),
     say: Callable[[str], None] = print,
+    database_wait: float = 300.0,
 ) -> WorkReport:
     """``durably worker``: serve the default registry and the installed hooks' agents until SIGTERM.
 
@@ -394,16 +456,13 @@ async def serve(
     then every ``durably.agents`` entry point registers its agents (the triage
     demo's among them), given ``state_dir``. SIGTERM and SIGINT set the stop
     event: runs in flight finish their current save and free their leases before
-    this returns.
+    this returns. A database that does not answer yet is waited for, with backoff, for
+    up to ``database_wait`` seconds (:func:`wait_for_database`).
     """
     import signal
     from datetime import timedelta
 
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+    _log_to_stderr()
     import_agents(imports)
     serving = Registry()
     for name in registry.names():
@@ -417,10 +476,13 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     try:
         async with PostgresStore(dsn, lease=timedelta(seconds=lease)) as store:
+            await wait_for_database(store, within=database_wait, stop=stop)
+            if stop.is_set():
+                return WorkReport()
             await store.migrate()
             say(
                 f"worker {store.owner}: {concurrency} at a time, agents: "
-                f"{', '.join(serving.names())}"
+                f"{', '.join(serving.names())}; database {store.where}"
             )
             report = await work(store, registry=serving, concurrency=concurrency, stop=stop)
     finally:
@@ -432,6 +494,140 @@ async def serve(
         f"{report.parked} parked, {report.failed} failed"
     )
     return report
+
+
+class _WorkerLines(logging.Formatter):
+    """The worker's log lines: time, level, and for the ladder's lines the run they concern."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        run_id = getattr(record, "run_id", None)
+        if record.name == "durably.ladder" and run_id:
+            head, _, rest = line.partition(f"{record.levelname} ")
+            return f"{head}{record.levelname} {run_id}: {rest}"
+        return line
+
+
+def _log_to_stderr() -> None:
+    """Show the worker's, the store's and the ladder's lines on stderr (once per process)."""
+    root = logging.getLogger("durably")
+    if any(getattr(h, "durably_worker", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_WorkerLines("%(asctime)s %(levelname)s %(message)s"))
+    handler.durably_worker = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    for name in ("durably.worker", "durably.ladder"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    store_log = logging.getLogger("durably.store")
+    if store_log.level == logging.NOTSET:
+        store_log.setLevel(logging.WARNING)  # its retries are INFO: one line per try
+    if root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    # stamina's own line per retry ("stamina.retry_scheduled") says less than ours.
+    logging.getLogger("stamina").addHandler(logging.NullHandler())
+    # psycopg_pool's "error connecting in 'durably'" names no database; ours do.
+    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+
+
+async def wait_for_database(
+    store: PostgresStore, *, within: float, stop: asyncio.Event | None = None
+) -> None:
+    """Wait until the store's database accepts a connection, retrying with backoff.
+
+    Each failure is logged with the database (``host:port/dbname``, never the
+    password) and the real cause (``connection refused``, ``the database system is
+    starting up``), and the wait before the next try. Retries use stamina's backoff
+    (0.2 s doubling to 5 s, with jitter) for up to ``within`` seconds.
+
+    Raises:
+        StoreUnavailable: the database did not answer within ``within`` seconds.
+    """
+    import stamina
+    from psycopg import AsyncConnection, OperationalError
+
+    from ..errors import StoreUnavailable
+
+    started = time.monotonic()
+    tries = 0
+
+    async def connect() -> None:
+        nonlocal tries
+        tries += 1
+        timeout = max(1, min(10, round(within - (time.monotonic() - started))))
+        conn = await AsyncConnection.connect(store.dsn, connect_timeout=timeout, autocommit=True)
+        await conn.close()
+
+    try:
+        async for attempt in stamina.retry_context(
+            on=_note_unreachable(store, started, within),
+            attempts=None,
+            timeout=within,
+            wait_initial=0.2,
+            wait_max=5.0,
+            wait_jitter=0.2,
+        ):
+            with attempt:
+                if stop is not None and stop.is_set():
+                    return
+                await connect()
+    except OperationalError as exc:
+        raise StoreUnavailable(
+            where=store.where,
+            reason=f"{_first_line(exc)}; waited {time.monotonic() - started:.0f}s over {tries} "
+            "tries (durably worker --wait-for-database SECONDS waits longer)",
+            outcome="no run was claimed",
+        ) from exc
+    if tries > 1:
+        log.info("the database %s accepts connections (after %d tries)", store.where, tries)
+
+
+def _note_unreachable(
+    store: PostgresStore, started: float, within: float
+) -> Callable[[Exception], bool]:
+    """The ``on`` hook of stamina for :func:`wait_for_database`: logs each failure, retries it."""
+    from psycopg import OperationalError
+
+    def retry(exc: Exception) -> bool:
+        if not isinstance(exc, OperationalError):
+            return False
+        left = within - (time.monotonic() - started)
+        log.warning(
+            "waiting for the database %s: %s (%.0fs left of --wait-for-database)",
+            store.where,
+            _first_line(exc),
+            max(0.0, left),
+        )
+        return True
+
+    return retry
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+async def workers_table(dsn: str) -> str:
+    """``durably workers``: the live workers of the store at ``dsn``, as a text table."""
+    from ..listing import table
+    from ..state import age
+
+    async with PostgresStore(dsn) as store:
+        workers = await live_workers(store)
+        where = store.where
+    rows = [
+        (
+            w.owner,
+            ", ".join(w.agents) or "-",
+            f"{w.runs}/{w.concurrency}",
+            age(w.started_at),
+            age(w.seen_at),
+        )
+        for w in workers
+    ]
+    title = f"{len(rows)} live worker(s) in {where}"
+    return table(("worker", "agents", "runs", "started", "last heartbeat"), rows, title=title)
 
 
 async def submit_command(
