@@ -199,3 +199,13 @@ def test_a_keyed_tool_on_the_postgres_saver_charges_once_across_a_sigkill(
     assert len(keys) == 1, requests
     if label == "langgraph.put.saved":
         assert len(requests) == 1, "the charge ran again"
+    # The thread is a durably run of the same database: `durably runs --dsn` lists it.
+    listed = subprocess.run(
+        [sys.executable, "-m", "durably", "runs", "--dsn", pg_dsn],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines()]
+    assert any(row[1:2] == ["t"] for row in rows), listed.stdout

@@ -131,8 +131,6 @@ MIGRATIONS: tuple[Migration, ...] = (
             saved_at      timestamptz NOT NULL DEFAULT now(),
             PRIMARY KEY (thread_id, ns, checkpoint_id)
         );
-        CREATE INDEX durably_lg_checkpoints_run ON durably_lg_checkpoints (run_id)
-            WHERE run_id IS NOT NULL;
         CREATE TABLE durably_lg_blobs (
             thread_id text NOT NULL,
             ns        text NOT NULL,
