@@ -3,16 +3,19 @@
 ``python _lg_claim_child.py DIR THREAD MODE CHARGES GATE`` where MODE is ``setup``
 (run the agent up to its tools step and stop: the charge is next), ``recipe``
 (docs/langgraph.md's resume recipe: claim, then read and invoke) or ``unclaimed``
-(the same without the claim). The ``charge`` tool appends a line to CHARGES,
-then, if GATE is not ``-``, waits for that file to exist: the test holds a
-process in the middle of its charge. Prints one JSON line: what happened.
+(the same without the claim). DIR is a directory (``DurablySaver``) or, starting with
+``pg:``, a DSN (``PostgresThreadSaver``; ``$LG_LEASE`` seconds of lease). The ``charge``
+tool appends a line to CHARGES, then, if GATE is not ``-``, waits for that file to
+exist: the test holds a process in the middle of its charge. Prints one JSON line: what happened.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,8 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from durably.langgraph import DurablySaver, StaleThread, ThreadLocked
+from durably.errors import LeaseLost
+from durably.langgraph import DurablySaver, PostgresThreadSaver, StaleThread, ThreadLocked
 
 _, DIRECTORY, THREAD, MODE, CHARGES, GATE = sys.argv
 
@@ -45,7 +49,15 @@ def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
     return {"messages": [AIMessage(content="charging", id="reply-0", tool_calls=[call])]}
 
 
-def build(saver: DurablySaver, **compile_options: Any) -> Any:
+def open_saver() -> DurablySaver | PostgresThreadSaver:
+    """The saver DIR names."""
+    if DIRECTORY.startswith("pg:"):
+        lease = timedelta(seconds=float(os.environ.get("LG_LEASE", "15")))
+        return PostgresThreadSaver(DIRECTORY[3:], lease=lease)
+    return DurablySaver(DIRECTORY)
+
+
+def build(saver: DurablySaver | PostgresThreadSaver, **compile_options: Any) -> Any:
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", ToolNode([charge]))
@@ -58,7 +70,7 @@ def build(saver: DurablySaver, **compile_options: Any) -> Any:
 def main() -> dict[str, Any]:
     config: Any = {"configurable": {"thread_id": THREAD}}
     inputs = {"messages": [HumanMessage(content="charge me", id="question")]}
-    with DurablySaver(DIRECTORY) as saver:
+    with open_saver() as saver:
         if MODE == "setup":
             build(saver, interrupt_before=["tools"]).invoke(inputs, config, durability="sync")
             return {"how": "set up"}
@@ -70,7 +82,7 @@ def main() -> dict[str, Any]:
                 graph.invoke(inputs, config, durability="sync")
             else:
                 graph.invoke(None, config, durability="sync")
-        except (ThreadLocked, StaleThread) as exc:
+        except (ThreadLocked, StaleThread, LeaseLost) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"how": "ran"}
 

@@ -27,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs LangGrap
         "durably.langgraph needs LangGraph; install it with: pip install 'durably[langgraph]'"
     ) from exc
 
+from ._postgres import PostgresThreadSaver as PostgresThreadSaver
 from ._saver import PRUNE_STRATEGIES as PRUNE_STRATEGIES
 from ._saver import DurablySaver as DurablySaver
 from ._saver import StaleThread as StaleThread
@@ -39,6 +40,7 @@ __all__ = [
     "PRUNE_STRATEGIES",
     "DurableTools",
     "DurablySaver",
+    "PostgresThreadSaver",
     "StaleThread",
     "ThreadLocked",
     "ThreadValueRefused",

@@ -124,6 +124,59 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        version=5,
+        description="LangGraph threads: their leases, checkpoints, channel values and writes",
+        # PostgresThreadSaver's tables (durably.langgraph). A thread's lease is its row
+        # of durably_lg_threads; every write names the row's fencing token and locks
+        # the row (FOR SHARE) in the same statement, so a takeover (which bumps the
+        # token) waits for a write in flight and refuses every later one. A blob whose
+        # base is not NULL holds only the items appended to the blob of that version.
+        sql="""
+        CREATE TABLE durably_lg_threads (
+            thread_id  text PRIMARY KEY,
+            owner      text,
+            token      bigint NOT NULL DEFAULT 0 CHECK (token >= 0),
+            expires_at timestamptz,
+            created_at timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE durably_lg_checkpoints (
+            thread_id     text NOT NULL,
+            ns            text NOT NULL,
+            checkpoint_id text NOT NULL,
+            parent_id     text,
+            run_id        text,
+            type          text NOT NULL,
+            checkpoint    bytea NOT NULL,
+            meta_type     text NOT NULL,
+            metadata      bytea NOT NULL,
+            saved_at      timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, ns, checkpoint_id)
+        );
+        CREATE TABLE durably_lg_blobs (
+            thread_id text NOT NULL,
+            ns        text NOT NULL,
+            channel   text NOT NULL,
+            version   text NOT NULL,
+            type      text NOT NULL,
+            data      bytea NOT NULL,
+            base      text,
+            PRIMARY KEY (thread_id, ns, channel, version)
+        );
+        CREATE TABLE durably_lg_writes (
+            thread_id     text NOT NULL,
+            ns            text NOT NULL,
+            checkpoint_id text NOT NULL,
+            task_id       text NOT NULL,
+            idx           int NOT NULL,
+            channel       text NOT NULL,
+            type          text NOT NULL,
+            data          bytea NOT NULL,
+            task_path     text NOT NULL DEFAULT '',
+            PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)
+        );
+        """,
+    ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
 
