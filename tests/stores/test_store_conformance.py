@@ -208,7 +208,9 @@ _ops = st.lists(
 
 
 @settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=_ops)
 def test_the_store_behaves_like_a_dictionary_with_locks(
