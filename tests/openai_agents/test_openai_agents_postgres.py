@@ -246,5 +246,6 @@ def test_durably_submit_and_worker_run_a_registered_openai_agents_agent(
     assert "agents: oai-refunds" in out
     assert "1 done" in out
     assert state.answer == ANSWER
+    assert state.resumes == 0  # started by the worker: not a restart
     assert service.effects() == REFERENCE
     assert log.turns(RUN_ID) == [1, 2, 3, 4, 5]
