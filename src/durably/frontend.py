@@ -22,7 +22,7 @@ import msgspec
 
 from . import faults
 from .approval import Approver
-from .engine import Event, Limits, Outcome, RunSession, SavePoint
+from .engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from .errors import DurablyError, RunNotFound
 from .state import (
     AssistantMessage,
@@ -42,12 +42,14 @@ __all__ = [
     "NoArguments",
     "RunPaused",
     "fingerprint",
+    "given_run",
     "open_or_create",
     "opened_session",
     "saved_reply",
     "saved_result",
     "served_tool_context",
     "serving",
+    "started_run",
 ]
 
 
@@ -56,7 +58,8 @@ class Drivable(Protocol):
     """An agent that runs on a handle someone else opened (a worker's claim, ``durably resume``).
 
     ``durably.Agent`` is one; ``durably.pydantic_ai.worker_agent(agent)`` makes one of a
-    Pydantic AI agent. The caller owns the handle and closes it.
+    Pydantic AI agent, ``durably.openai_agents.worker_agent(agent, runner)`` one of an
+    OpenAI Agents SDK agent. The caller owns the handle and closes it.
     """
 
     limits: Limits
@@ -166,6 +169,31 @@ def saved_result(state: RunState, call_id: str) -> ToolResult | None:
         if isinstance(message, ToolResult) and message.call_id == call_id:
             return message
     return None
+
+
+async def started_run(handle: RunHandle, task: str, *, clock: Callable[[], datetime]) -> RunState:
+    """A new run of ``task`` saved through ``handle`` (save point 1), under the handle's run ID.
+
+    What :meth:`Drivable.start` saves before its framework runs.
+    """
+    state = RunState(
+        run_id=handle.run_id, task=task, created_at=clock(), messages=[UserMessage(text=task)]
+    )
+    await shielded(handle.save(state))  # SavePoint.START
+    return state
+
+
+def given_run(handle: RunHandle, state: RunState) -> Outcome | None:
+    """The outcome of a finished run (free: no model or tool call), else None: drive it.
+
+    What :meth:`Drivable.drive` checks first.
+
+    Raises:
+        ValueError: ``state`` is not the state of ``handle``'s run.
+    """
+    if state.run_id != handle.run_id:
+        raise ValueError(f"the state of run {state.run_id!r} given with run {handle.run_id!r}")
+    return Outcome.from_state(state) if state.phase is Phase.DONE else None
 
 
 async def open_or_create(

@@ -169,7 +169,7 @@ def _kind(item: Any) -> Any:
 
 
 def build(
-    store: Store,
+    store: Store | None,
     service: Service,
     log: durably.CallLog,
     *,

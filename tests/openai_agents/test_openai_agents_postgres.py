@@ -1,10 +1,14 @@
-"""durably.openai_agents on the Postgres store: a run killed mid-call does each effect once."""
+"""durably.openai_agents on the Postgres store: a run killed mid-call does each effect once,
+and Postgres workers start and finish submitted runs (``worker_agent``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,13 +19,24 @@ from _oai_world import ANSWER, EMAIL, NOTE, TASK, Service, build
 import durably
 from durably import faults
 from durably.engine import SavePoint
-from durably.postgres import PostgresStore
+from durably.openai_agents import WorkerAgent, worker_agent
+from durably.postgres import PostgresStore, Registry, WorkReport, submit, work
 from durably.sweep import RUN_ID, run_in_child
 
 pytestmark = pytest.mark.postgres
 
 LEASE = timedelta(seconds=1)
 """The killed process's lease: the next process may take the run once it has run out."""
+
+WAIT = 120
+"""Seconds a worker gets to finish a run (it takes about one): generous, a guard against hangs."""
+
+TESTS = Path(__file__).parent
+REFERENCE = {
+    "refund 1042": 1,
+    f"email {EMAIL['to']}: {EMAIL['text']}": 1,
+    f"note {NOTE}": 1,
+}
 
 
 class Person:
@@ -92,3 +107,145 @@ def test_a_postgres_run_killed_at_an_attempt_finishes_with_every_effect_once(
     assert log.turns(RUN_ID)[: len(asked)] == asked
     assert sorted(set(log.turns(RUN_ID))) == [1, 2, 3, 4, 5]
     assert log.paid_twice(RUN_ID) == 0
+
+
+def _registry(service: Service, log: durably.CallLog) -> Registry:
+    """Workers' agents: ``oai-refunds``, the SDK agent whose runner has no store of its own."""
+    registry = Registry()
+
+    def refunds(run_id: str) -> WorkerAgent:
+        agent, runner = build(None, service, log, approver=Person(service))
+        return worker_agent(agent, runner)
+
+    registry.register("oai-refunds", refunds, task=TASK)
+    return registry
+
+
+async def _work_until_done(store: PostgresStore, registry: Registry) -> WorkReport:
+    """Run a worker until the run is done, then stop it and return its report."""
+    stop = asyncio.Event()
+    worker = asyncio.create_task(work(store, registry=registry, stop=stop, poll=0.05))
+    deadline = time.monotonic() + WAIT  # a dead lease runs out in 1 s
+    while not await _done(store):
+        assert time.monotonic() < deadline, "the worker did not finish the run in time"
+        assert not worker.done(), worker
+        await asyncio.sleep(0.05)
+    stop.set()
+    return await worker
+
+
+async def _done(store: PostgresStore) -> bool:
+    """Whether the run has a state, and it is done (a queued run has none yet)."""
+    try:
+        return (await store.read(RUN_ID)).phase is durably.Phase.DONE
+    except durably.RunNotFound:
+        return False
+
+
+def test_a_worker_killed_mid_call_leaves_an_openai_agents_run_another_worker_finishes(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """A submitted SDK run is started by a worker (save point 1 included); SIGKILLed after
+    the keyed refund acted and before its result was saved, the run is claimed by a second
+    worker once the lease ran out, which finishes it: each effect once, no reply paid twice.
+    """
+    service = Service(tmp_path / "service")
+    service.prepare()
+    log = durably.CallLog(tmp_path / "model.jsonl")
+
+    async def queue() -> None:
+        async with PostgresStore(pg_dsn, lease=LEASE) as store:
+            await submit(store, agent_name="oai-refunds", task=TASK, run_id=RUN_ID)
+
+    asyncio.run(queue())
+
+    def first() -> None:
+        async def main() -> None:
+            async with PostgresStore(pg_dsn, lease=LEASE) as store:
+                await _work_until_done(store, _registry(service, log))
+
+        with faults.installed(faults.CrashPlan(label="loop.tool_returned:refund")):
+            asyncio.run(main())
+
+    status = run_in_child(first)
+    assert os.WIFSIGNALED(status), status
+    assert os.WTERMSIG(status) == signal.SIGKILL, status
+    assert service.effects() == {"refund 1042": 1}
+    asked = log.turns(RUN_ID)
+
+    async def second() -> tuple[WorkReport, durably.RunState]:
+        async with PostgresStore(pg_dsn, lease=LEASE) as store:
+            report = await _work_until_done(store, _registry(service, log))
+            return report, await store.read(RUN_ID)
+
+    report, state = asyncio.run(second())
+
+    assert (report.claimed, report.started, report.done) == (1, 0, 1)
+    assert state.answer == ANSWER
+    assert state.resumes == 1
+    assert service.effects() == REFERENCE
+    assert log.turns(RUN_ID) == [*asked, 3, 4, 5]
+    assert log.paid_twice(RUN_ID) == 0
+
+
+def _cli(*args: str, root: Path) -> subprocess.Popen[str]:
+    environment = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
+        "DURABLY_TEST_ROOT": str(root),
+    }
+    command = [sys.executable, "-m", "durably", *args, "--import", "_oai_cli_agents"]
+    return subprocess.Popen(
+        command,
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment,
+    )
+
+
+def test_durably_submit_and_worker_run_a_registered_openai_agents_agent(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """``durably submit --agent oai-refunds`` queues a run of the SDK agent a module
+    registers as ``worker_agent(agent, runner)``; ``durably worker --import`` that module
+    finds it by name and runs it to its answer, each effect once.
+    """
+    service = Service(tmp_path / "service")
+    log = durably.CallLog(tmp_path / "model.jsonl")
+    submitted = _cli(
+        "submit", "--dsn", pg_dsn, "--agent", "oai-refunds", "--run", RUN_ID, root=tmp_path
+    )
+    out, _ = submitted.communicate(timeout=WAIT)
+    assert submitted.returncode == 0, out
+    assert out.strip() == RUN_ID
+
+    worker = _cli("worker", "--dsn", pg_dsn, root=tmp_path)
+    try:
+
+        async def answered() -> durably.RunState:
+            async with PostgresStore(pg_dsn) as store:
+                deadline = time.monotonic() + WAIT
+                while not await _done(store):
+                    assert time.monotonic() < deadline, "the worker did not finish the run"
+                    assert worker.poll() is None
+                    await asyncio.sleep(0.1)
+                return await store.read(RUN_ID)
+
+        state = asyncio.run(answered())
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=WAIT)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+
+    assert worker.returncode == 0, out
+    assert "agents: oai-refunds" in out
+    assert "1 done" in out
+    assert state.answer == ANSWER
+    assert state.resumes == 0  # started by the worker: not a restart
+    assert service.effects() == REFERENCE
+    assert log.turns(RUN_ID) == [1, 2, 3, 4, 5]

@@ -102,7 +102,8 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     """Call an agent factory: with the run ID when it takes an argument, else with none.
 
     It may build a ``durably.Agent`` or any front end's
-    :class:`~durably.frontend.Drivable` (``durably.pydantic_ai.worker_agent(agent)``).
+    :class:`~durably.frontend.Drivable` (``durably.pydantic_ai.worker_agent(agent)``,
+    ``durably.openai_agents.worker_agent(agent, runner)``).
     """
     import inspect
 
@@ -120,11 +121,14 @@ def build_agent(factory: Callable[..., Any], run_id: str) -> Any:
     agent = factory(run_id) if required else factory()
     if not isinstance(agent, Drivable):
         kind = type(agent)
-        hint = (
-            "; wrap a Pydantic AI agent with durably.pydantic_ai.worker_agent(agent)"
-            if kind.__module__.startswith("pydantic_ai")
-            else ""
-        )
+        hint = ""
+        if kind.__module__.startswith("pydantic_ai"):
+            hint = "; wrap a Pydantic AI agent with durably.pydantic_ai.worker_agent(agent)"
+        elif kind.__module__.split(".")[0] == "agents":
+            hint = (
+                "; wrap an OpenAI Agents SDK agent with "
+                "durably.openai_agents.worker_agent(agent, runner)"
+            )
         raise ValueError(f"the factory returned {kind.__name__}, not a durably.Agent{hint}")
     return agent
 

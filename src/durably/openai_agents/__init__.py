@@ -7,7 +7,8 @@ Install with ``pip install 'durably[openai-agents]'`` and run the agent through 
     runner = DurableRunner(store, effects={"refund": Effect.KEYED}, default_effect=Effect.WRITE)
     result = await runner.run(agent, task, run_id="refunds-1")
 
-A killed process carries the run on with ``await runner.resume(agent, "refunds-1")``.
+A killed process carries the run on with ``await runner.resume(agent, "refunds-1")``;
+a Postgres worker runs it once registered as ``worker_agent(agent, DurableRunner(None, ...))``.
 What it guarantees and what it does not is in ``docs/openai-agents.md``.
 """
 
@@ -22,6 +23,15 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs the SDK
 from ._runner import DurableRunner as DurableRunner
 from ._runner import ReplayDiverged as ReplayDiverged
 from ._runner import RunPaused as RunPaused
+from ._runner import WorkerAgent as WorkerAgent
 from ._runner import tool_context as tool_context
+from ._runner import worker_agent as worker_agent
 
-__all__ = ["DurableRunner", "ReplayDiverged", "RunPaused", "tool_context"]
+__all__ = [
+    "DurableRunner",
+    "ReplayDiverged",
+    "RunPaused",
+    "WorkerAgent",
+    "tool_context",
+    "worker_agent",
+]

@@ -25,6 +25,7 @@ or handoff the request does not offer is :class:`ReplayDiverged`, never a silent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
@@ -56,15 +57,23 @@ from ..state import (
     AssistantMessage,
     Effect,
     Phase,
+    RunState,
     ToolCall,
     Usage,
     utcnow,
 )
-from ..stores import Store
+from ..stores import RunHandle, Store
 from ..tools import LookupFunction, Tool, ToolContext
 from ..workspace import Workspace
 
-__all__ = ["DurableRunner", "ReplayDiverged", "RunPaused", "tool_context"]
+__all__ = [
+    "DurableRunner",
+    "ReplayDiverged",
+    "RunPaused",
+    "WorkerAgent",
+    "tool_context",
+    "worker_agent",
+]
 
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
@@ -132,7 +141,8 @@ class DurableRunner:
     to ``default_effect``; a tool with neither is refused before the first model call.
 
     Args:
-        store: where runs live (file, journal or Postgres store).
+        store: where runs live (file, journal or Postgres store); None for a runner
+            that runs only on the handles a worker gives it (:func:`worker_agent`).
         effects: each function tool's effect, by tool name.
         default_effect: the effect of a tool ``effects`` does not name.
         lookups: by tool name, how to ask the service whether an in-doubt call
@@ -155,7 +165,7 @@ class DurableRunner:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | None,
         *,
         effects: Mapping[str, Effect] | None = None,
         default_effect: Effect | None = None,
@@ -223,53 +233,61 @@ class DurableRunner:
             ReplayDiverged: a saved reply does not fit the request made again.
         """
         run_id = validate_run_id(run_id)
-        if not isinstance(input, str):
-            raise ValueError(
-                "durably.openai_agents saves a run's task as text: start the run with a str "
-                f"input (got {type(input).__name__})"
-            )
-        if runner_options.get("session") is not None or runner_options.get("previous_response_id"):
-            raise ValueError(
-                "DurableRunner keeps the run's history itself: pass no session= or "
-                "previous_response_id= (each would change what a replayed request holds)"
-            )
+        input = _task_text(input)
+        _check_options(runner_options)
+        store = self._the_store()
         handle, state, fresh = await frontend.open_or_create(
-            self.store, run_id, lambda: input, clock=self.clock
+            store, run_id, lambda: input, clock=self.clock
         )
         try:
-            session = await frontend.opened_session(
-                handle,
-                state,
-                fresh=fresh,
-                limits=self.limits,
-                approver=self.approver,
-                clock=self.clock,
-                workspace=self.workspace,
-                observer=self.observer,
+            return await self._drive(
+                agent, handle, state, fresh=fresh, run_config=run_config, options=runner_options
             )
-            graph = _agents(agent)
-            tools = {t.name: self._tool(t) for a in graph for t in a.tools if _is_function(t)}
-            now = frontend.fingerprint(_agents_label(agent, graph), tools)
-            if state.fingerprint is None:
-                state.fingerprint = now  # saved with the first model-call marker
-            else:
-                session.check_agent(now, allow_change=self.allow_agent_change)
-            hold = _Hold(session, tools)
-            config = dataclasses.replace(run_config) if run_config is not None else RunConfig()
-            config.model_provider = _DurableProvider(config.model_provider, self, hold)
-            if isinstance(config.model, Model):
-                config.model = _DurableModel(config.model, self, hold)
-            wrapped = _Wrapper(self, hold).agent(agent)
-            try:
-                result = await Runner.run(wrapped, input, run_config=config, **runner_options)
-            except Exception as exc:
-                _raise_ours(exc)
-                raise
-            if state.phase is Phase.DONE:
-                session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
-            return result
         finally:
             await shielded(handle.close())
+
+    async def _drive(
+        self,
+        agent: Agent[Any],
+        handle: RunHandle,
+        state: RunState,
+        *,
+        fresh: bool,
+        run_config: RunConfig | None,
+        options: Mapping[str, Any],
+    ) -> Any:
+        """``Runner.run`` of the saved task on the run ``handle`` holds (the caller closes it)."""
+        session = await frontend.opened_session(
+            handle,
+            state,
+            fresh=fresh,
+            limits=self.limits,
+            approver=self.approver,
+            clock=self.clock,
+            workspace=self.workspace,
+            observer=self.observer,
+        )
+        graph = _agents(agent)
+        tools = {t.name: self._tool(t) for a in graph for t in a.tools if _is_function(t)}
+        now = frontend.fingerprint(_agents_label(agent, graph), tools)
+        if state.fingerprint is None:
+            state.fingerprint = now  # saved with the first model-call marker
+        else:
+            session.check_agent(now, allow_change=self.allow_agent_change)
+        hold = _Hold(session, tools)
+        config = dataclasses.replace(run_config) if run_config is not None else RunConfig()
+        config.model_provider = _DurableProvider(config.model_provider, self, hold)
+        if isinstance(config.model, Model):
+            config.model = _DurableModel(config.model, self, hold)
+        wrapped = _Wrapper(self, hold).agent(agent)
+        try:
+            result = await Runner.run(wrapped, state.task, run_config=config, **options)
+        except Exception as exc:
+            _raise_ours(exc)
+            raise
+        if state.phase is Phase.DONE:
+            session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
+        return result
 
     def run_sync(self, agent: Agent[Any], input: str, *, run_id: str, **options: Any) -> Any:
         """:meth:`run` from synchronous code (not inside a running event loop)."""
@@ -277,12 +295,21 @@ class DurableRunner:
 
     async def resume(self, agent: Agent[Any], run_id: str, **options: Any) -> Any:
         """Carry ``run_id`` on from its last save: :meth:`run` with the run's saved task."""
-        state = await self.store.read(run_id)
+        state = await self._the_store().read(run_id)
         return await self.run(agent, state.task, run_id=run_id, **options)
 
     async def outcome(self, run_id: str) -> Outcome:
         """What the run's last save says: done with its answer, or paused with its questions."""
-        return Outcome.from_state(await self.store.read(run_id))
+        return Outcome.from_state(await self._the_store().read(run_id))
+
+    def _the_store(self) -> Store:
+        if self.store is None:
+            raise ValueError(
+                "DurableRunner(store=None) runs only on the handles a worker gives it "
+                "(durably.openai_agents.worker_agent); give DurableRunner a store to run, "
+                "resume or read runs yourself"
+            )
+        return self.store
 
     # -- the engine's view of the SDK -------------------------------------------------
 
@@ -526,6 +553,23 @@ class _DurableModel(Model):
         )
 
 
+def _task_text(input: object) -> str:
+    if not isinstance(input, str):
+        raise ValueError(
+            "durably.openai_agents saves a run's task as text: start the run with a str "
+            f"input (got {type(input).__name__})"
+        )
+    return input
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    if options.get("session") is not None or options.get("previous_response_id"):
+        raise ValueError(
+            "DurableRunner keeps the run's history itself: pass no session= or "
+            "previous_response_id= (each would change what a replayed request holds)"
+        )
+
+
 def _arguments(text: str) -> dict[str, Any]:
     """The call's arguments as a lookup is given them (the SDK validates them for the tool)."""
     try:
@@ -592,3 +636,107 @@ def _raise_ours(exc: BaseException) -> None:
         if isinstance(seen, DurablyError) and seen is not exc:
             raise seen
         seen = seen.__cause__
+
+
+class WorkerAgent:
+    """An Agents SDK agent with its :class:`DurableRunner`, driven on a handle its caller owns.
+
+    What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
+    worker_agent(build_agent(), DurableRunner(None, effects=...)))``) and what ``durably
+    resume RUN STORE --agent MODULE:FACTORY`` resumes: :meth:`start` saves a new run's
+    first state through the handle and runs the agent; :meth:`drive` carries a saved run
+    on with its saved task. Both return the run's :class:`~durably.Outcome` (a run that
+    waits for a person is ``paused``, not an exception), as ``durably.Agent`` does. The
+    runner's own store is not used. Build it with :func:`worker_agent`.
+    """
+
+    def __init__(
+        self,
+        agent: Agent[Any],
+        runner: DurableRunner,
+        run_config: RunConfig | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        self.agent, self.runner = agent, runner
+        self.run_config, self.options = run_config, dict(options)
+
+    @property
+    def limits(self) -> Limits:
+        """The runner's limits (``durably resume --max-resumes`` replaces them)."""
+        return self.runner.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self.runner.limits = limits
+
+    @property
+    def store(self) -> Store | None:
+        """The runner's store: where ``durably resume --agent`` with no store looks."""
+        return self.runner.store
+
+    async def start(self, handle: RunHandle, task: str) -> Outcome:
+        """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
+
+        The first state is saved through ``handle`` (save point 1), then the agent
+        runs until it is done or paused. The caller owns ``handle`` and closes it.
+        """
+        state = await frontend.started_run(handle, _task_text(task), clock=self.runner.clock)
+        return await self._drive(handle, state, fresh=True)
+
+    async def drive(self, handle: RunHandle, state: RunState) -> Outcome:
+        """Carry a run on from ``state``, its last save, through ``handle``.
+
+        The restart is counted and the agent's fingerprint checked as on any resume.
+        The caller owns ``handle`` and closes it.
+
+        Raises:
+            ValueError: ``state`` is not the state of ``handle``'s run.
+        """
+        finished = frontend.given_run(handle, state)
+        if finished is not None:
+            return finished
+        return await self._drive(handle, state, fresh=False)
+
+    async def _drive(self, handle: RunHandle, state: RunState, *, fresh: bool) -> Outcome:
+        with contextlib.suppress(RunPaused):  # saved as paused: the outcome says so
+            await self.runner._drive(  # noqa: SLF001 - the runner's own seam, kept private
+                self.agent,
+                handle,
+                state,
+                fresh=fresh,
+                run_config=self.run_config,
+                options=self.options,
+            )
+        return Outcome.from_state(state)
+
+
+def worker_agent(
+    agent: Agent[Any],
+    runner: DurableRunner,
+    *,
+    run_config: RunConfig | None = None,
+    **runner_options: Any,
+) -> WorkerAgent:
+    """``agent`` run by ``runner`` as a worker drives it (a :class:`~durably.frontend.Drivable`).
+
+    Register it with a Postgres worker (``durably.postgres.register(name, lambda run_id:
+    worker_agent(build(), DurableRunner(None, effects=...)))``) or name its factory in
+    ``durably resume --agent``. ``run_config`` and ``runner_options`` go to every
+    ``Runner.run`` (``context=...``, ``max_turns=...``).
+
+    Raises:
+        TypeError: ``agent`` is not an Agents SDK agent, or ``runner`` not a DurableRunner.
+        ValueError: ``runner_options`` holds ``session`` or ``previous_response_id``.
+    """
+    if not isinstance(agent, Agent):
+        raise TypeError(
+            f"worker_agent takes an agents.Agent, got {type(agent).__name__}; a "
+            "durably.Agent is registered as it is"
+        )
+    if not isinstance(runner, DurableRunner):
+        raise TypeError(
+            f"worker_agent runs the agent through a DurableRunner, got {type(runner).__name__}: "
+            "pass DurableRunner(None, effects=...) (a worker gives it each run's handle)"
+        )
+    _check_options(runner_options)
+    return WorkerAgent(agent, runner, run_config, runner_options)

@@ -59,7 +59,6 @@ from ..state import (
     ToolCall,
     ToolResult,
     Usage,
-    UserMessage,
     utcnow,
 )
 from ..stores import RunHandle, Store
@@ -551,14 +550,7 @@ class WorkerAgent:
         The first state is saved through ``handle`` (save point 1), then the agent
         runs until it is done or paused. The caller owns ``handle`` and closes it.
         """
-        text = _prompt_text(task)
-        state = RunState(
-            run_id=handle.run_id,
-            task=text,
-            created_at=self.durable.clock(),
-            messages=[UserMessage(text=text)],
-        )
-        await shielded(handle.save(state))  # SavePoint.START
+        state = await frontend.started_run(handle, _prompt_text(task), clock=self.durable.clock)
         return await self._run(_Given(handle=handle, state=state, fresh=True))
 
     async def drive(
@@ -573,10 +565,9 @@ class WorkerAgent:
         Raises:
             ValueError: ``state`` is not the state of ``handle``'s run.
         """
-        if state.run_id != handle.run_id:
-            raise ValueError(f"the state of run {state.run_id!r} given with run {handle.run_id!r}")
-        if state.phase is Phase.DONE:
-            return Outcome.from_state(state)  # finished: free, no model or tool call
+        finished = frontend.given_run(handle, state)
+        if finished is not None:
+            return finished
         return await self._run(
             _Given(handle=handle, state=state, fresh=False, decisions=dict(decisions or {}))
         )
