@@ -30,10 +30,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for _helpers
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _oai_world import ANSWER, OpenAIAgentsJob, ScriptedModel, Service, agents, build
+from _oai_world import OpenAIAgentsJob, ScriptedModel, agents, build
 from agents import set_tracing_disabled
 
 import durably
+from _helpers.refund_world import ANSWER, Service
 from durably.sweep import RUN_ID, Config, SweepApprover, World
 
 KILL_POINTS = ("refunds", "emails", "notes")
