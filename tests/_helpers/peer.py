@@ -17,7 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 
 def kill_once(root: Path) -> None:
@@ -62,3 +64,30 @@ def check_reference(text: str, reference: Path) -> None:
     if os.environ.get("DURABLY_REGENERATE"):
         reference.write_text(text)
     assert text == reference.read_text()
+
+
+async def run_dbos_workflow(
+    root: Path, phase: str, run_id: str, task: str, workflow: Callable[[str], Awaitable[str]]
+) -> str:
+    """Launch DBOS on ``root``'s SQLite database; ``run`` starts ``workflow`` under ``run_id``,
+    ``resume`` waits for the workflow DBOS recovered at launch. ``workflow`` is already a
+    ``DBOS.workflow()``.
+    """
+    from dbos import DBOS, SetWorkflowID
+
+    DBOS(
+        config={
+            "name": "refunds",
+            "system_database_url": f"sqlite:///{root / 'dbos.sqlite'}",
+            "log_level": "WARNING",
+        }
+    )
+    DBOS.launch()  # recovers this executor's pending workflows, in the background
+    try:
+        if phase == "run":
+            with SetWorkflowID(run_id):
+                return await workflow(task)
+        handle: Any = await DBOS.retrieve_workflow_async(run_id)
+        return str(await handle.get_result())
+    finally:
+        DBOS.destroy()

@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from _oai_world import TASK, Service, build
+from _oai_world import build
 from agents import Agent
 
 import durably
+from _helpers.refund_world import TASK, Service
 from durably.openai_agents import WorkerAgent, worker_agent
 from durably.postgres import register
 

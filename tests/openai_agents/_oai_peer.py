@@ -25,15 +25,16 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/, for _helpers
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _oai_world import ANSWER, OpenAIAgentsJob, ScriptedModel, Service, agents, build
+from _oai_world import OpenAIAgentsJob, ScriptedModel, agents, build
 from agents import set_tracing_disabled
 
 import durably
+from _helpers.peer import run_dbos_workflow
+from _helpers.refund_world import ANSWER, Service
 from durably.sweep import RUN_ID, Config, SweepApprover, World
 
 KILL_POINTS = ("refunds", "emails", "notes")
@@ -80,7 +81,7 @@ async def _durably(root: Path, phase: str, kill_at: str | None) -> str:
 
 
 async def _dbos(root: Path, phase: str, kill_at: str | None, *, steps: bool) -> str:
-    from dbos import DBOS, SetWorkflowID
+    from dbos import DBOS
     from dbos_openai_agents import DBOSRunner  # type: ignore[import-untyped]
 
     set_tracing_disabled(True)
@@ -94,22 +95,7 @@ async def _dbos(root: Path, phase: str, kill_at: str | None, *, steps: bool) -> 
     async def refund_workflow(task: str) -> str:
         return str((await DBOSRunner.run(desk, task)).final_output)
 
-    DBOS(
-        config={
-            "name": "refunds",
-            "system_database_url": f"sqlite:///{root / 'dbos.sqlite'}",
-            "log_level": "WARNING",
-        }
-    )
-    DBOS.launch()  # recovers this executor's pending workflows, in the background
-    try:
-        if phase == "run":
-            with SetWorkflowID(RUN_ID):
-                return await refund_workflow(OpenAIAgentsJob().task())
-        handle: Any = await DBOS.retrieve_workflow_async(RUN_ID)
-        return str(await handle.get_result())
-    finally:
-        DBOS.destroy()
+    return await run_dbos_workflow(root, phase, RUN_ID, OpenAIAgentsJob().task(), refund_workflow)
 
 
 def main(argv: list[str]) -> None:

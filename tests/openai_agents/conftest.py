@@ -1,4 +1,4 @@
-"""Registers this directory's fixtures, defined in ``_oai_fixtures``.
+"""Registers this directory's fixtures, defined in ``_helpers.pg_fixtures``.
 
 The Postgres cluster helpers live with the store tests (tests/stores), put on the
 import path here as pytest puts each test directory there.
@@ -9,6 +9,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "stores"))
 
-from _oai_fixtures import pg_cluster, pg_dsn
+from _helpers.pg_fixtures import pg_cluster, pg_dsn
 
 __all__ = ["pg_cluster", "pg_dsn"]

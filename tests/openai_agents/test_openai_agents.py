@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _oai_world import ANSWER, NOTE, TASK, Service, build
+from _oai_world import build
 
 import durably
+from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.engine import Save, SavePoint
 from durably.openai_agents import DurableRunner, ReplayDiverged, RunPaused, tool_context

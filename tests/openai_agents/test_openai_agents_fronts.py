@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from _oai_world import EMAIL, NOTE, TASK, Service, build
+from _oai_world import build
 from agents import Agent
 
 import durably
+from _helpers.refund_world import EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.openai_agents import DurableRunner, worker_agent
 from durably.sweep import RUN_ID, run_in_child

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from _pai_world import TASK, Service, build
+from _pai_world import build
 
 import durably
+from _helpers.refund_world import TASK, Service
 from durably.postgres import register
 from durably.pydantic_ai import WorkerAgent, worker_agent
 from pydantic_ai import Agent

@@ -29,7 +29,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import durably
-from _helpers.peer import kill_once
+from _helpers.peer import kill_once, run_dbos_workflow
 from durably import ToolContext
 from pydantic_ai import Agent
 
@@ -114,7 +114,7 @@ async def _durably(root: Path, phase: str, kill_at: str | None) -> str:
 
 
 async def _dbos(root: Path, phase: str, kill_at: str | None) -> str:
-    from dbos import DBOS, SetWorkflowID
+    from dbos import DBOS
     from pydantic_ai.durable_exec.dbos import DBOSDurability
 
     agent: Agent[None, str] = Agent(_model(root), name="refunds", capabilities=[DBOSDurability()])
@@ -124,22 +124,7 @@ async def _dbos(root: Path, phase: str, kill_at: str | None) -> str:
     async def refund_workflow(task: str) -> str:
         return (await agent.run(task)).output
 
-    DBOS(
-        config={
-            "name": "refunds",
-            "system_database_url": f"sqlite:///{root / 'dbos.sqlite'}",
-            "log_level": "WARNING",
-        }
-    )
-    DBOS.launch()  # recovers this executor's pending workflows, in the background
-    try:
-        if phase == "run":
-            with SetWorkflowID(RUN_ID):
-                return await refund_workflow(TASK)
-        handle: Any = await DBOS.retrieve_workflow_async(RUN_ID)
-        return str(await handle.get_result())
-    finally:
-        DBOS.destroy()
+    return await run_dbos_workflow(root, phase, RUN_ID, TASK, refund_workflow)
 
 
 def main(argv: list[str]) -> None:

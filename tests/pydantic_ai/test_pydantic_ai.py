@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _pai_world import ANSWER, NOTE, TASK, Service, build
+from _pai_world import build
 
 import durably
+from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.engine import Save, SavePoint
 from durably.pydantic_ai import Durable, RunPaused, tool_context

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pai_world import ANSWER, NOTE, TASK, Service, build
+from _pai_world import build
 from starlette.testclient import TestClient
 
 import durably
+from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.console.server import create_app
 from durably.engine import SavePoint

@@ -7,12 +7,12 @@ model, lookups off, and the two baselines that must fail.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from _pai_world import PydanticAIJob
 
+from _helpers.adapter_checks import check_sweep
 from durably.sweep import CONFIGS, run_sweep
 
 REFERENCE = Path(__file__).parent.parent / "testdata" / "sweep-pydantic-ai.txt"
@@ -28,20 +28,4 @@ def test_the_pydantic_ai_sweep_matches_the_table_in_the_repository() -> None:
     an effect nor pays twice for a saved reply; the baselines show duplicates and losses.
     """
     report = run_sweep(PydanticAIJob(), configs=SWEPT, depth=2, jobs=2)
-    text = report.text()
-    print(text)  # shown with -s: the table the docs quote
-    if os.environ.get("DURABLY_REGENERATE"):
-        REFERENCE.write_text(text)
-
-    rows = {(r.config, r.depth): r for r in report.rows()}
-    for row in rows.values():
-        assert row.scenarios > 0, row
-        assert row.errors == 0, row
-        if row.protected:
-            assert (row.duplicates, row.lost, row.paid_twice, row.failed_checks) == (0, 0, 0, 0)
-            assert row.finished == row.scenarios
-    assert rows[("naive retry", 1)].duplicates > 0
-    assert rows[("at-most-once", 1)].lost > 0
-    # Only the note (no key, no lookup) reaches a person, unless lookups are off.
-    assert rows[("keys honoured", 1)].questions < rows[("lookups off", 1)].questions
-    assert text == REFERENCE.read_text()
+    check_sweep(report, REFERENCE)

@@ -1,4 +1,8 @@
-"""Fixtures of the OpenAI Agents SDK tests: a throwaway PostgreSQL cluster and a schema per test."""
+"""Fixtures of the agent adapters' tests: a throwaway PostgreSQL cluster and a schema per test.
+
+``_pg_cluster`` lives with the store tests (tests/stores); each adapter's conftest
+puts that directory on the import path before importing this module.
+"""
 
 from __future__ import annotations
 
