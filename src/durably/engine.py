@@ -858,7 +858,11 @@ class RunSession:
                 call_id=call.id,
                 tool=tool.name,
                 effect=str(tool.effect),
-                key=None if tool.effect is Effect.READ else ctx.idempotency_key,
+                # Derived here, not read from ctx: reading ctx's key marks it sent, and
+                # KeyNotSent must still see a keyed tool that never read it.
+                key=(
+                    None if tool.effect is Effect.READ else idempotency_key(state.run_id, call.id)
+                ),
                 marker="none" if tool.effect is Effect.READ else "kept" if previous else "saved",
             ):
                 content = await (tool(ctx, **arguments) if run is None else run(ctx))
