@@ -212,5 +212,14 @@ def _kept(table: str) -> list[tuple[str, ...]]:
             continue
         numbers = tokens[-10:]
         name = " ".join(tokens[:-10])
-        rows.append((name, numbers[0], numbers[4], numbers[5], numbers[7], numbers[8], numbers[9]))
+        duplicates = numbers[4]
+        if name == BASELINE and int(duplicates) > 0:
+            # The baseline's count moves with which of two parallel calls a kill lands in
+            # (3 or 4 seen): what is kept is that it repeats effects at all.
+            duplicates = "some"
+        rows.append((name, numbers[0], duplicates, numbers[5], numbers[7], numbers[8], numbers[9]))
     return rows
+
+
+BASELINE = "SqliteSaver alone"
+"""The row of the same graph on LangGraph's SqliteSaver, with no durably tools."""
