@@ -24,8 +24,10 @@ from . import faults
 from .approval import Approver
 from .engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from .errors import DurablyError, RunNotFound
+from .models import Price
 from .state import (
     AssistantMessage,
+    Effect,
     Fingerprint,
     Phase,
     RunState,
@@ -41,6 +43,7 @@ __all__ = [
     "Drivable",
     "NoArguments",
     "RunPaused",
+    "checked_options",
     "fingerprint",
     "given_run",
     "open_or_create",
@@ -252,3 +255,29 @@ async def opened_session(
         await session.count_restart()
         session.check_workspace()
     return session
+
+
+def checked_options(
+    owner: str,
+    *,
+    default_effect: Effect | None,
+    effects: Mapping[str, Effect] | None = None,
+    limits: Limits | None,
+    price: Price | None,
+) -> Limits:
+    """The front end's limits, after refusing a bad effect or a budget it cannot price.
+
+    ``owner`` names the constructor in the error (``"Durable"``, ``"DurableRunner"``).
+    """
+    if default_effect is not None and not isinstance(default_effect, Effect):
+        raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
+    for name, effect in (effects or {}).items():
+        if not isinstance(effect, Effect):
+            raise TypeError(f"effects[{name!r}] must be a durably.Effect, got {effect!r}")
+    checked = limits or Limits()
+    if checked.max_dollars is not None and price is None:
+        raise ValueError(
+            f"{owner}(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
+            "without it every call is priced at $0 and the budget cannot hold"
+        )
+    return checked

@@ -181,17 +181,13 @@ class DurableRunner:
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
-        if default_effect is not None and not isinstance(default_effect, Effect):
-            raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
-        for name, effect in (effects or {}).items():
-            if not isinstance(effect, Effect):
-                raise TypeError(f"effects[{name!r}] must be a durably.Effect, got {effect!r}")
-        self.limits = limits or Limits()
-        if self.limits.max_dollars is not None and price is None:
-            raise ValueError(
-                "DurableRunner(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
-                "without it every call is priced at $0 and the budget cannot hold"
-            )
+        self.limits = frontend.checked_options(
+            "DurableRunner",
+            default_effect=default_effect,
+            effects=effects,
+            limits=limits,
+            price=price,
+        )
         for name in key_ttls or {}:
             if (effects or {}).get(name, default_effect) is not Effect.KEYED:
                 raise ValueError(f"DurableRunner(key_ttls={{{name!r}: ...}}): only keyed tools")

@@ -188,14 +188,9 @@ class Durable(AbstractCapability[Any]):
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
-        if default_effect is not None and not isinstance(default_effect, Effect):
-            raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
-        self.limits = limits or Limits()
-        if self.limits.max_dollars is not None and price is None:
-            raise ValueError(
-                "Durable(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
-                "without it every call is priced at $0 and the budget cannot hold"
-            )
+        self.limits = frontend.checked_options(
+            "Durable", default_effect=default_effect, limits=limits, price=price
+        )
         self.store = store
         self.default_effect = default_effect
         self.lookups = dict(lookups or {})
