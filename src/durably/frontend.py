@@ -40,6 +40,7 @@ from .tools import Tool, ToolContext
 from .workspace import Workspace
 
 __all__ = [
+    "Delegating",
     "Drivable",
     "NoArguments",
     "RunPaused",
@@ -281,3 +282,32 @@ def checked_options(
             "without it every call is priced at $0 and the budget cannot hold"
         )
     return checked
+
+
+class _Options(Protocol):
+    limits: Limits
+    store: Store | None
+
+
+class Delegating:
+    """A worker agent's ``limits`` and ``store``: those of the front end it runs through.
+
+    ``durably resume --max-resumes`` replaces the limits; ``durably resume --agent``
+    with no store looks in the store.
+    """
+
+    _front: _Options
+
+    @property
+    def limits(self) -> Limits:
+        """The front end's limits (``durably resume --max-resumes`` replaces them)."""
+        return self._front.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._front.limits = limits
+
+    @property
+    def store(self) -> Store | None:
+        """The front end's store: where ``durably resume --agent`` with no store looks."""
+        return self._front.store

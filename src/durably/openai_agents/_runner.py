@@ -634,7 +634,7 @@ def _raise_ours(exc: BaseException) -> None:
         seen = seen.__cause__
 
 
-class WorkerAgent:
+class WorkerAgent(frontend.Delegating):
     """An Agents SDK agent with its :class:`DurableRunner`, driven on a handle its caller owns.
 
     What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
@@ -654,21 +654,8 @@ class WorkerAgent:
         options: Mapping[str, Any],
     ) -> None:
         self.agent, self.runner = agent, runner
+        self._front = runner
         self.run_config, self.options = run_config, dict(options)
-
-    @property
-    def limits(self) -> Limits:
-        """The runner's limits (``durably resume --max-resumes`` replaces them)."""
-        return self.runner.limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self.runner.limits = limits
-
-    @property
-    def store(self) -> Store | None:
-        """The runner's store: where ``durably resume --agent`` with no store looks."""
-        return self.runner.store
 
     async def start(self, handle: RunHandle, task: str) -> Outcome:
         """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.

@@ -506,7 +506,7 @@ def _replayed(saved: ToolResult) -> str:
     return saved.content
 
 
-class WorkerAgent:
+class WorkerAgent(frontend.Delegating):
     """A Pydantic AI agent with :class:`Durable`, driven on a handle its caller owns.
 
     What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
@@ -523,21 +523,8 @@ class WorkerAgent:
     def __init__(self, agent: Any, durable: Durable, run_options: Mapping[str, Any]) -> None:
         self.agent = agent
         self.durable = durable
+        self._front = durable
         self.run_options = dict(run_options)
-
-    @property
-    def limits(self) -> Limits:
-        """The capability's limits (``durably resume --max-resumes`` replaces them)."""
-        return self.durable.limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self.durable.limits = limits
-
-    @property
-    def store(self) -> Store | None:
-        """The capability's store: where ``durably resume --agent`` with no store looks."""
-        return self.durable.store
 
     async def start(self, handle: RunHandle, task: str) -> Outcome:
         """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
