@@ -24,8 +24,10 @@ from . import faults
 from .approval import Approver
 from .engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
 from .errors import DurablyError, RunNotFound
+from .models import Price
 from .state import (
     AssistantMessage,
+    Effect,
     Fingerprint,
     Phase,
     RunState,
@@ -38,9 +40,11 @@ from .tools import Tool, ToolContext
 from .workspace import Workspace
 
 __all__ = [
+    "Delegating",
     "Drivable",
     "NoArguments",
     "RunPaused",
+    "checked_options",
     "fingerprint",
     "given_run",
     "open_or_create",
@@ -252,3 +256,58 @@ async def opened_session(
         await session.count_restart()
         session.check_workspace()
     return session
+
+
+def checked_options(
+    owner: str,
+    *,
+    default_effect: Effect | None,
+    effects: Mapping[str, Effect] | None = None,
+    limits: Limits | None,
+    price: Price | None,
+) -> Limits:
+    """The front end's limits, after refusing a bad effect or a budget it cannot price.
+
+    ``owner`` names the constructor in the error (``"Durable"``, ``"DurableRunner"``).
+    """
+    if default_effect is not None and not isinstance(default_effect, Effect):
+        raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
+    for name, effect in (effects or {}).items():
+        if not isinstance(effect, Effect):
+            raise TypeError(f"effects[{name!r}] must be a durably.Effect, got {effect!r}")
+    checked = limits or Limits()
+    if checked.max_dollars is not None and price is None:
+        raise ValueError(
+            f"{owner}(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
+            "without it every call is priced at $0 and the budget cannot hold"
+        )
+    return checked
+
+
+class _Options(Protocol):
+    limits: Limits
+    store: Store | None
+
+
+class Delegating:
+    """A worker agent's ``limits`` and ``store``: those of the front end it runs through.
+
+    ``durably resume --max-resumes`` replaces the limits; ``durably resume --agent``
+    with no store looks in the store.
+    """
+
+    _front: _Options
+
+    @property
+    def limits(self) -> Limits:
+        """The front end's limits (``durably resume --max-resumes`` replaces them)."""
+        return self._front.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._front.limits = limits
+
+    @property
+    def store(self) -> Store | None:
+        """The front end's store: where ``durably resume --agent`` with no store looks."""
+        return self._front.store

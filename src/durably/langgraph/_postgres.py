@@ -25,15 +25,14 @@ import builtins
 import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
-    BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -48,6 +47,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from .. import faults
 from ..errors import LeaseLost
 from ..postgres._lease import default_owner
+from ._common import SaverForms
 from ._saver import PRUNE_STRATEGIES, DurablySaver, StaleThread
 from ._thread import ThreadLocked
 
@@ -165,7 +165,7 @@ WHERE thread_id = %(thread_id)s AND ns = %(ns)s AND checkpoint_id = %(checkpoint
 """
 
 
-class PostgresThreadSaver(BaseCheckpointSaver[str]):
+class PostgresThreadSaver(SaverForms):
     """A LangGraph checkpointer in PostgreSQL with one writer per thread across machines.
 
     The fleet form of :class:`DurablySaver`: the same ``claim``/``release``, the
@@ -300,10 +300,6 @@ class PostgresThreadSaver(BaseCheckpointSaver[str]):
                 del self._tips[key]  # another owner may have written since
             self._start_renewing()
 
-    async def aclaim(self, thread_id: str) -> None:
-        """Async form of :meth:`claim`."""
-        await _off_loop(self.claim, thread_id)
-
     def release(self, thread_id: str) -> None:
         """Stop writing a thread: its lease is freed for another process at once."""
         with self._lock:
@@ -316,27 +312,13 @@ class PostgresThreadSaver(BaseCheckpointSaver[str]):
         """The fencing token of the thread's lease this saver holds, or None."""
         return self._tokens.get(thread_id)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await _off_loop(self.close)
+        await self._off_loop(self.close)
 
     def _start_renewing(self) -> None:
         if self._renewer is None:
@@ -728,72 +710,9 @@ class PostgresThreadSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
-    # -- async forms -------------------------------------------------------------------
-
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Async form of :meth:`get_tuple`."""
-        return await _off_loop(self.get_tuple, config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """Async form of :meth:`list`."""
-
-        def collect() -> list[CheckpointTuple]:
-            return list(self.list(config, filter=filter, before=before, limit=limit))
-
-        for found in await _off_loop(collect):
-            yield found
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Async form of :meth:`put`."""
-        return await _off_loop(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Async form of :meth:`put_writes`."""
-        await _off_loop(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        """Async form of :meth:`delete_thread`."""
-        await _off_loop(self.delete_thread, thread_id)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Async form of :meth:`delete_for_runs`."""
-        await _off_loop(self.delete_for_runs, run_ids)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Async form of :meth:`copy_thread`."""
-        await _off_loop(self.copy_thread, source_thread_id, target_thread_id)
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Async form of :meth:`prune`."""
-
-        def run() -> None:
-            self.prune(thread_ids, strategy=strategy)
-
-        await _off_loop(run)
-
-
-async def _off_loop(function: Callable[..., _T], *arguments: Any) -> _T:
-    context = contextvars.copy_context()
-    return await asyncio.to_thread(context.run, function, *arguments)
+    async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
+        context = contextvars.copy_context()
+        return await asyncio.to_thread(context.run, function, *arguments)
 
 
 def _migrate(dsn: str, where: str) -> None:

@@ -25,14 +25,13 @@ import contextvars
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
-    BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -49,6 +48,7 @@ from .. import faults
 from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt, StorageError
 from ..stores.rundir import off_the_loop
+from ._common import SaverForms
 from ._thread import (
     Blob,
     Index,
@@ -137,7 +137,7 @@ PRUNE_STRATEGIES = ("keep_latest", "delete")
 """The strategies :meth:`DurablySaver.prune` accepts (LangGraph's names)."""
 
 
-class DurablySaver(BaseCheckpointSaver[str]):
+class DurablySaver(SaverForms):
     """A LangGraph checkpointer that keeps each thread as durably's append-only journal.
 
     Every ``put`` and ``put_writes`` is one append and one ``fdatasync`` holding
@@ -216,10 +216,6 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             self._ready(thread_id)
 
-    async def aclaim(self, thread_id: str) -> None:
-        """Async form of :meth:`claim`."""
-        await self._off_loop(self.claim, thread_id)
-
     def release(self, thread_id: str) -> None:
         """Stop writing a thread: its lock is freed for another process.
 
@@ -230,20 +226,6 @@ class DurablySaver(BaseCheckpointSaver[str]):
             if handle is not None:
                 handle.wait_idle()
                 handle.close_sync()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
 
     async def __aexit__(
         self,
@@ -550,68 +532,6 @@ class DurablySaver(BaseCheckpointSaver[str]):
         with self._lock:
             found = list(self._matching(config, filter=filter, before=before, limit=limit))
         yield from found
-
-    # -- async forms -------------------------------------------------------------------
-
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Async form of :meth:`get_tuple`."""
-        return await self._off_loop(self.get_tuple, config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """Async form of :meth:`list`."""
-
-        def collect() -> list[CheckpointTuple]:
-            return list(self.list(config, filter=filter, before=before, limit=limit))
-
-        for found in await self._off_loop(collect):
-            yield found
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Async form of :meth:`put`."""
-        return await self._off_loop(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Async form of :meth:`put_writes`."""
-        await self._off_loop(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        """Async form of :meth:`delete_thread`."""
-        await self._off_loop(self.delete_thread, thread_id)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Async form of :meth:`delete_for_runs`."""
-        await self._off_loop(self.delete_for_runs, run_ids)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Async form of :meth:`copy_thread`."""
-        await self._off_loop(self.copy_thread, source_thread_id, target_thread_id)
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Async form of :meth:`prune`."""
-
-        def run() -> None:
-            self.prune(thread_ids, strategy=strategy)
-
-        await self._off_loop(run)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -181,17 +181,13 @@ class DurableRunner:
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
-        if default_effect is not None and not isinstance(default_effect, Effect):
-            raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
-        for name, effect in (effects or {}).items():
-            if not isinstance(effect, Effect):
-                raise TypeError(f"effects[{name!r}] must be a durably.Effect, got {effect!r}")
-        self.limits = limits or Limits()
-        if self.limits.max_dollars is not None and price is None:
-            raise ValueError(
-                "DurableRunner(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
-                "without it every call is priced at $0 and the budget cannot hold"
-            )
+        self.limits = frontend.checked_options(
+            "DurableRunner",
+            default_effect=default_effect,
+            effects=effects,
+            limits=limits,
+            price=price,
+        )
         for name in key_ttls or {}:
             if (effects or {}).get(name, default_effect) is not Effect.KEYED:
                 raise ValueError(f"DurableRunner(key_ttls={{{name!r}: ...}}): only keyed tools")
@@ -638,7 +634,7 @@ def _raise_ours(exc: BaseException) -> None:
         seen = seen.__cause__
 
 
-class WorkerAgent:
+class WorkerAgent(frontend.Delegating):
     """An Agents SDK agent with its :class:`DurableRunner`, driven on a handle its caller owns.
 
     What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
@@ -658,21 +654,8 @@ class WorkerAgent:
         options: Mapping[str, Any],
     ) -> None:
         self.agent, self.runner = agent, runner
+        self._front = runner
         self.run_config, self.options = run_config, dict(options)
-
-    @property
-    def limits(self) -> Limits:
-        """The runner's limits (``durably resume --max-resumes`` replaces them)."""
-        return self.runner.limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self.runner.limits = limits
-
-    @property
-    def store(self) -> Store | None:
-        """The runner's store: where ``durably resume --agent`` with no store looks."""
-        return self.runner.store
 
     async def start(self, handle: RunHandle, task: str) -> Outcome:
         """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.

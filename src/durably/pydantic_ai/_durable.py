@@ -188,14 +188,9 @@ class Durable(AbstractCapability[Any]):
         allow_agent_change: bool = False,
         observer: Callable[[Event], None] | None = None,
     ) -> None:
-        if default_effect is not None and not isinstance(default_effect, Effect):
-            raise TypeError(f"default_effect must be a durably.Effect, got {default_effect!r}")
-        self.limits = limits or Limits()
-        if self.limits.max_dollars is not None and price is None:
-            raise ValueError(
-                "Durable(limits=Limits(max_dollars=...)) needs price=durably.Price(...): "
-                "without it every call is priced at $0 and the budget cannot hold"
-            )
+        self.limits = frontend.checked_options(
+            "Durable", default_effect=default_effect, limits=limits, price=price
+        )
         self.store = store
         self.default_effect = default_effect
         self.lookups = dict(lookups or {})
@@ -511,7 +506,7 @@ def _replayed(saved: ToolResult) -> str:
     return saved.content
 
 
-class WorkerAgent:
+class WorkerAgent(frontend.Delegating):
     """A Pydantic AI agent with :class:`Durable`, driven on a handle its caller owns.
 
     What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
@@ -528,21 +523,8 @@ class WorkerAgent:
     def __init__(self, agent: Any, durable: Durable, run_options: Mapping[str, Any]) -> None:
         self.agent = agent
         self.durable = durable
+        self._front = durable
         self.run_options = dict(run_options)
-
-    @property
-    def limits(self) -> Limits:
-        """The capability's limits (``durably resume --max-resumes`` replaces them)."""
-        return self.durable.limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self.durable.limits = limits
-
-    @property
-    def store(self) -> Store | None:
-        """The capability's store: where ``durably resume --agent`` with no store looks."""
-        return self.durable.store
 
     async def start(self, handle: RunHandle, task: str) -> Outcome:
         """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
