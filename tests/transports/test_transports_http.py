@@ -238,3 +238,14 @@ def test_a_request_that_was_never_sent_is_a_plain_error() -> None:
     tool, _ = tool_with(refused, Effect.WRITE)
     with pytest.raises(HttpToolError, match="was not sent"):
         call(tool)
+
+
+def test_a_receivers_abandoned_409_is_in_doubt_not_a_failure() -> None:
+    """A 409 idempotency-key-abandoned (the key's earlier request died) raises ToolInDoubt."""
+    abandoned = httpx.Response(
+        409, json={"error": "idempotency-key-abandoned", "key": KEY, "owner": "host:1"}
+    )
+    tool, seen = tool_with(replies(abandoned), Effect.KEYED)
+    with pytest.raises(ToolInDoubt, match="may have acted"):
+        call(tool)
+    assert len(seen) == 1  # no Retry-After: not retried blindly

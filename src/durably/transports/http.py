@@ -7,7 +7,10 @@ for ``GET``. Every call that can change something carries the call's key in the
 that honours the header (:class:`durably.receivers.IdempotencyMiddleware` does)
 applies a retried call once.
 
-A 2xx answer is the call's result (the response text). Any other answer raises
+A 2xx answer is the call's result (the response text). A receiver's 409
+``idempotency-key-abandoned`` (an earlier request with this key died with its
+process and may have acted) raises :class:`~durably.ToolInDoubt`: the call goes
+up the resolution ladder, it is not a plain failure. Any other answer raises
 :class:`HttpToolError`, which the loop gives the model as an error result.
 Retries stay inside one call and only where a repeat is harmless: ``read`` and
 ``idempotent`` tools retry transport errors and 502/503/504, ``keyed`` tools
@@ -155,6 +158,14 @@ def http_tool(
             attempts=1 + (0 if effect is Effect.WRITE else max(retries, 0)),
             retry_busy=effect is Effect.KEYED,
         )
+        if _abandoned(response):
+            # The receiver's own word that an earlier request with this key died with
+            # its process and may have acted: not a failure, a call in doubt, which the
+            # ladder settles (the lookup says "abandoned", then a person decides).
+            raise ToolInDoubt(
+                f"{_describe(verb, target, response)}. An earlier request with this key "
+                "may have acted."
+            )
         if not response.is_success:
             raise HttpToolError(_describe(verb, target, response), status=response.status_code)
         return response.text
@@ -191,6 +202,21 @@ def http_tool(
         key_ttl=ttl,
         lookup=lookup,
     )
+
+
+ABANDONED_ERROR: Final = "idempotency-key-abandoned"
+"""The ``error`` of a receiver's 409 for a key whose request died with its process."""
+
+
+def _abandoned(response: httpx.Response) -> bool:
+    """Whether ``response`` is a receiver's 409 ``idempotency-key-abandoned``."""
+    if response.status_code != 409:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("error") == ABANDONED_ERROR
 
 
 def _lookup_answer(response: httpx.Response) -> Lookup:
