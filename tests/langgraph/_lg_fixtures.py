@@ -1,14 +1,18 @@
-"""Fixtures of the LangGraph saver's tests: a fork server, and a throwaway PostgreSQL cluster."""
+"""Fixtures of the LangGraph saver's tests: a fork server, and a throwaway PostgreSQL cluster.
+
+The cluster and the schema per test are the agent adapters' (``_helpers.pg_fixtures``).
+"""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from _lg_server import Server
-from _pg_cluster import Cluster
+
+from _helpers.pg_fixtures import pg_cluster, pg_dsn
+
+__all__ = ["lg_server", "pg_cluster", "pg_dsn"]
 
 
 @pytest.fixture(scope="session")
@@ -19,23 +23,3 @@ def lg_server() -> Iterator[Server]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[Cluster]:
-    """A PostgreSQL cluster for the session, started with initdb/pg_ctl, removed after."""
-    cluster = Cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def pg_dsn(pg_cluster: Cluster) -> str:
-    """A DSN whose tables land in a schema of their own."""
-    schema = f"t_{secrets.token_hex(6)}"
-    pg_cluster.wait_ready()
-    with psycopg.connect(pg_cluster.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return f"{pg_cluster.dsn} options='-c search_path={schema}'"
