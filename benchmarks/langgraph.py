@@ -603,21 +603,9 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
     print()
     found = {key: [run["ratios"][key] for run in runs] for key in runs[0]["ratios"]}
     for key, target in TARGETS.items():
-        ratio = statistics.median(found[key])
-        verdict = "met" if ratio <= target else "NOT met"
-        each = ", ".join(f"{value:.3f}" for value in found[key])
-        print(
-            f"DurablySaver / SqliteSaver {key:<6}: {ratio:7.3f}x median of runs "
-            f"(target <= {target}x: {verdict}); runs: {each}"
-        )
+        _verdict("DurablySaver / SqliteSaver", key, found[key], target)
     for key, target in FLOOR_TARGETS.items():
-        ratio = statistics.median(found[f"in-graph {key}"])
-        verdict = "met" if ratio <= target else "NOT met"
-        each = ", ".join(f"{value:.3f}" for value in found[f"in-graph {key}"])
-        print(
-            f"DurablySaver / in-graph floor {key:<6}: {ratio:7.3f}x median of runs "
-            f"(target <= {target}x: {verdict}); runs: {each}"
-        )
+        _verdict("DurablySaver / in-graph floor", key, found[f"in-graph {key}"], target)
     print(
         f"DurablySaver / reserved floor median {statistics.median(found['floor median']):.3f}x, "
         f"p99 {statistics.median(found['floor p99']):.3f}x"
@@ -641,14 +629,19 @@ def report(runs: list[dict[str, Any]], rounds: int, fs_type: str | None) -> None
             f"bytes {statistics.median(found['pg bytes']):.3f}x"
         )
         for key, target in PG_TARGETS.items():
-            ratio = statistics.median(found[f"pgthread {key}"])
-            verdict = "met" if ratio <= target else "NOT met"
-            each = ", ".join(f"{value:.3f}" for value in found[f"pgthread {key}"])
-            print(
-                f"PgThreadSaver / PostgresSaver {key:<6}: {ratio:7.3f}x median of runs "
-                f"(target <= {target}x: {verdict}); runs: {each}"
-            )
+            _verdict("PgThreadSaver / PostgresSaver", key, found[f"pgthread {key}"], target)
         print(f"PgThreadSaver / PostgresSaver p99 {statistics.median(found['pgthread p99']):.3f}x")
+
+
+def _verdict(pair: str, key: str, ratios: list[float], target: float) -> None:
+    """One target's line: the median of the runs' ratios, met or not, and every run's."""
+    ratio = statistics.median(ratios)
+    verdict = "met" if ratio <= target else "NOT met"
+    each = ", ".join(f"{value:.3f}" for value in ratios)
+    print(
+        f"{pair} {key:<6}: {ratio:7.3f}x median of runs "
+        f"(target <= {target}x: {verdict}); runs: {each}"
+    )
 
 
 if __name__ == "__main__":
