@@ -75,6 +75,8 @@ class Phase(enum.StrEnum):
     TOOLS = "tools"
     PAUSED = "paused"
     DONE = "done"
+    CANCELLED = "cancelled"
+    """Stopped by ``durably cancel``: finished, never resumed, like ``done`` without an answer."""
 
 
 class Effect(enum.StrEnum):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..state import RunState
     from ..stores.file import FileStore
 
-PHASES = ("model", "tools", "paused", "done")
+PHASES = ("model", "tools", "paused", "done", "cancelled")
 """The values of ``durably.state.Phase``, written out so that building the parser
 (``durably --help``) does not import the state's codec; a test keeps them equal."""
 

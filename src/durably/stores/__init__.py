@@ -10,11 +10,14 @@ also offer ``close_sync`` for callers without an event loop.
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol, Self, runtime_checkable
 
 from ..state import RunState
 
-__all__ = ["RunHandle", "Store"]
+__all__ = ["CancelOutcome", "Housekeeping", "PruneReport", "RunHandle", "Store"]
 
 
 @runtime_checkable
@@ -25,6 +28,11 @@ class RunHandle(Protocol):
     synchronously, when its store's saves wait for nothing (the file stores with
     ``sync=False``), and say whether it did; the agent's loop tries it before
     awaiting :meth:`save`.
+
+    A handle whose store offers :class:`Housekeeping` also has
+    ``cancel_requested() -> bool``: whether ``durably cancel`` asked the owner to
+    stop. The engine asks after each save where no call is in flight; it must be
+    cheap (one ``lstat``, or a flag the last save's statement returned).
     """
 
     @property
@@ -88,3 +96,51 @@ class Store(Protocol):
     async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+class CancelOutcome(enum.StrEnum):
+    """What :meth:`Housekeeping.cancel` did."""
+
+    CANCELLED = "cancelled"
+    """Nobody owned the run (paused, parked, queued, or its process died): the store
+    saved phase ``cancelled`` itself, and the run will never be claimed or resumed."""
+    REQUESTED = "requested"
+    """A process owns the run: it was asked to stop and ends the run as ``cancelled``
+    after its current save (a call that has its marker finishes its ladder story first)."""
+    FINISHED = "finished"
+    """The run was already ``done`` or ``cancelled``; nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :meth:`Housekeeping.prune` removed and what it left alone."""
+
+    pruned: tuple[str, ...]
+    """Finished runs deleted with everything they held (state, logs, lock, keys)."""
+    owned: tuple[str, ...] = ()
+    """Finished and old enough, but held by a process at the time: left for the next prune."""
+
+
+@runtime_checkable
+class Housekeeping(Protocol):
+    """Stopping runs and removing finished ones: what an operator does every day.
+
+    The file, journal and Postgres stores offer it. Both methods are crash-safe: a
+    kill at any instant leaves every run whole or gone, never half pruned, and a
+    cancel either took effect or did not.
+    """
+
+    async def cancel(self, run_id: str) -> CancelOutcome:
+        """Stop ``run_id``: at once if nobody owns it, else after its owner's current save.
+
+        Raises ``RunNotFound`` when there is no such run.
+        """
+        ...
+
+    async def prune(self, *, older_than: timedelta, now: datetime | None = None) -> PruneReport:
+        """Delete every finished run (``done``, ``cancelled``) saved before ``now - older_than``.
+
+        Never touches a run that is not finished, nor one a process holds. ``now``
+        defaults to the current time (UTC); tests pass their own.
+        """
+        ...
