@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Self, TypeVar
 
+from .. import faults
 from .._sysio import FileSystem, logger
 from ..checkpoint.envelope import Opened, Sealer, open_sealed
 from ..errors import (
@@ -157,7 +158,7 @@ class FileStore:
             # An ID used again after a prune: what a killed prune left of the old run
             # goes first (a journal run's new log must never meet an old one), and a
             # request to cancel the old run is not one to cancel this new one.
-            directory.finish_tombstone(run_id)
+            directory.finish_tombstone(run_id, remove_lock=False)
             directory.remove_cancel_request(run_id)
         except OSError as exc:
             handle.close_sync()
@@ -237,7 +238,8 @@ class FileStore:
         Never a run that is not finished, nor one a process holds (reported as
         ``owned``). Each run is locked and read again first; its state file is
         renamed to a hidden tombstone (the commit point), then its logs, temp
-        files, cancel request, tombstone and, last, its lock file are removed.
+        files and cancel request are removed (and synced away), then its lock
+        file and, last, the tombstone.
         A kill at any instant leaves each run whole or gone; the next prune (or
         an open of its ID) finishes what a killed one left.
 
@@ -310,6 +312,7 @@ class FileStore:
             try:
                 # Read again under the lock: it may have changed since the first look.
                 if _prunable(self._read_quietly(run_id, None), cutoff):
+                    faults.point("store.prune.locked")
                     self._step(partial(self._bury, run_id), run_id)
                     pruned.append(run_id)
             finally:
@@ -320,8 +323,7 @@ class FileStore:
         """Prune one run whose lock is held here (see :meth:`prune`)."""
         directory = self.run_directory
         directory.bury(run_id)
-        directory.finish_tombstone(run_id)
-        directory.remove_lock(run_id)
+        directory.finish_tombstone(run_id, remove_lock=True)
 
     def _finish_pruned(self, run_id: str) -> None:
         """Finish the prune of ``run_id`` whose tombstone is left, unless someone holds it."""
@@ -330,16 +332,11 @@ class FileStore:
         if lock_fd is None:
             return  # a prune (or an open) is finishing it now
         try:
-
-            def finish() -> None:
-                if directory.finish_tombstone(run_id):
-                    directory.remove_lock(run_id)
-
-            self._step(finish, run_id)
+            self._step(partial(directory.finish_tombstone, run_id, remove_lock=True), run_id)
         finally:
             self.fs.close(lock_fd)
 
-    def _step(self, action: Callable[[], None], run_id: str) -> None:
+    def _step(self, action: Callable[[], object], run_id: str) -> None:
         """Run a prune's file operations, a failed system call said as ``SaveFailed``."""
         try:
             action()

@@ -386,13 +386,17 @@ class RunDirectory:
             self.fs.fsync(dir_fd)
         faults.point("store.prune.dir_synced")
 
-    def finish_tombstone(self, stem: str) -> bool:
+    def finish_tombstone(self, stem: str, *, remove_lock: bool) -> bool:
         """Remove a pruned run's files, then its tombstone; False when it has none.
 
         The caller holds the run's lock. Logs, temp files and a cancel request go
-        first and are synced away before the tombstone goes, so a run ID used again
-        never meets an old log: while any of them is left, the tombstone is too,
-        and whoever takes the lock next finishes the job.
+        first and are synced away, so a run ID used again never meets an old log:
+        while any of them is left, the tombstone is too, and whoever takes the lock
+        next finishes the job. Then (``remove_lock``: a prune, not a new run of the
+        ID) the lock file, and last the tombstone, so that a kill between the two
+        still leaves the tombstone that says what to finish. A process that opened
+        the old lock file meanwhile finds it gone or replaced before it saves
+        (:meth:`Claim.check_usable`), and stops.
         """
         dir_fd = self.fd()
         tombstone = tombstone_name(stem)
@@ -407,20 +411,14 @@ class RunDirectory:
         if self.sync:
             self.fs.fsync(dir_fd)
         faults.point("store.prune.files_removed")
-        with suppress(FileNotFoundError):
+        if remove_lock:
+            with suppress(FileNotFoundError):
+                self.fs.unlink(stem + LOCK_SUFFIX, dir_fd=dir_fd)
+            faults.point("store.prune.lock_removed")
+        with suppress(FileNotFoundError):  # a new run of the ID may be finishing it too
             self.fs.unlink(tombstone, dir_fd=dir_fd)
         faults.point("store.prune.tombstone_removed")
         return True
-
-    def remove_lock(self, stem: str) -> None:
-        """Remove ``<stem>.lock``, last of a pruned run's files, its lock still held.
-
-        A process that opened the old lock file meanwhile finds it gone or replaced
-        before it saves (:meth:`Claim.check_usable`), and stops.
-        """
-        with suppress(FileNotFoundError):
-            self.fs.unlink(stem + LOCK_SUFFIX, dir_fd=self.fd())
-        faults.point("store.prune.lock_removed")
 
 
 def tombstone_name(stem: str) -> str:
