@@ -28,6 +28,7 @@ from durably.decisions import AskLater, answer
 from durably.state import Phase, RunState, ToolResult, UserMessage, utcnow
 from durably.stores import CancelOutcome, Housekeeping
 from durably.stores.file import FileStore
+from durably.tools import ToolInDoubt
 
 CHILD = Path(__file__).parent / "_helpers" / "housekeeping_child.py"
 KINDS = ["file", "journal"]
@@ -75,19 +76,33 @@ def hold(started: list[subprocess.Popen[str]], kind: str, directory: Path, run_i
     assert process.stdout.readline().strip() == "ready", process.stderr
 
 
-def world_calls(tmp_path: Path) -> list[str]:
-    """The ``step`` calls that acted, in order."""
+def world_lines(tmp_path: Path) -> list[list[str]]:
+    """The ``step`` calls that acted, in order: [call ID, idempotency key] each."""
     world = tmp_path / "world.txt"
-    return world.read_text().split() if world.exists() else []
+    return [line.split() for line in world.read_text().splitlines()] if world.exists() else []
+
+
+def world_calls(tmp_path: Path) -> list[str]:
+    """The call IDs of the ``step`` calls that acted, in order."""
+    return [call for call, _ in world_lines(tmp_path)]
 
 
 def finished_run(store: FileStore, run_id: str, phase: Phase = Phase.DONE) -> RunState:
-    """Save a run of ``phase`` (with a few saves, so a journal run has a log) and close it."""
+    """Save a run of ``phase`` and close it.
+
+    A journal run is compacted once (history folded into a summary), so it ends in
+    log generation 2 with saves in it: a new run of its ID, starting at generation 1,
+    would be refused for a newer log holding saves if that log were left behind.
+    """
     state = RunState(run_id=run_id, task="t", created_at=utcnow(), messages=[UserMessage(text="t")])
     handle = store.create_sync(state)
     for n in range(3):
         state.messages.append(UserMessage(text=f"more {n}"))
         handle.save_sync(state)
+    state.summary, state.summarized, state.messages = "folded", 3, state.messages[-1:]
+    handle.save_sync(state)
+    state.messages.append(UserMessage(text="after the fold"))
+    handle.save_sync(state)
     state.phase = phase
     if phase is Phase.DONE:
         state.answer, state.stop_reason = "fine", "answered"
@@ -132,6 +147,72 @@ def test_a_running_owner_stops_after_its_current_save_and_the_run_ends_cancelled
     listed = durably_command("runs", str(runs), "--phase", "cancelled")
     assert listed.returncode == 0, listed.stderr
     assert "r1" in listed.stdout
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_call_in_doubt_finishes_its_ladder_story_before_the_run_is_cancelled(
+    tmp_path: Path, kind: str
+) -> None:
+    """A cancel that arrives while a keyed call is in doubt (its marker saved) waits for the
+    ladder: the call is rerun with its key and its result saved, and only then is the run
+    saved as cancelled, with no marker left and no later call made.
+    """
+    runs = tmp_path / "runs"
+    store = make_store(kind, runs)
+    keys: list[str] = []
+
+    @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23))
+    async def charge(ctx: ToolContext, n: int) -> str:
+        """Charge ``n`` (the service deduplicates by key)."""
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:
+            asked = await asyncio.to_thread(durably_command, "cancel", "k1", str(runs))
+            assert "asked the owner of k1 to stop" in asked.stdout, asked.stderr
+            raise ToolInDoubt("the connection dropped after the request was sent")
+        return f"charged {n}"
+
+    model = ScriptedModel(
+        [Reply(calls=[Call(id=f"c{n}", name="charge", arguments=f'{{"n": {n}}}')]) for n in (1, 2)]
+    )
+    outcome = Agent(model=model, tools=[charge], store=store).run_sync("charge", run_id="k1")
+
+    assert outcome.status == "cancelled"
+    assert keys == [keys[0], keys[0]]  # c1 rerun with its key; c2 never asked
+    state = store.read_sync("k1")
+    assert (state.phase, state.markers) == (Phase.CANCELLED, {})
+    assert [m.call_id for m in state.messages if isinstance(m, ToolResult)] == ["c1"]
+    assert state.resolutions["c1"].outcome == "rerun"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cancel_left_for_an_owner_that_died_mid_call_waits_for_that_calls_ladder(
+    tmp_path: Path, kind: str
+) -> None:
+    """An owner SIGKILLed inside a keyed call after `durably cancel` asked it to stop: the
+    next owner's restart save (the call's marker still saved) does not cancel; the call is
+    rerun with its key and its result saved, then the run ends cancelled, no later call made.
+    """
+    runs = tmp_path / "runs"
+    owner = child("run", kind, str(runs), "r1")
+    assert owner.stdout is not None
+    assert owner.stdout.readline().strip() == "in-tool c2"
+    asked = durably_command("cancel", "r1", str(runs))
+    assert "asked the owner of r1 to stop" in asked.stdout, asked.stderr
+    owner.kill()
+    owner.communicate(timeout=30)
+    assert owner.returncode == -signal.SIGKILL
+    assert "c2" in make_store(kind, runs).read_sync("r1").markers
+
+    outcome = stepper(make_store(kind, runs), tmp_path / "world.txt", wait_at=None).resume_sync(
+        "r1"
+    )
+
+    assert outcome.status == "cancelled"
+    assert world_calls(tmp_path) == ["c1", "c2", "c2"]  # c2 rerun with its key, c3 never
+    assert world_lines(tmp_path)[1] == world_lines(tmp_path)[2]
+    state = make_store(kind, runs).read_sync("r1")
+    assert (state.phase, state.markers, state.resumes) == (Phase.CANCELLED, {}, 1)
+    assert [m.call_id for m in state.messages if isinstance(m, ToolResult)] == ["c1", "c2"]
 
 
 def approval_agent(store: FileStore) -> Agent:
@@ -258,32 +339,47 @@ def kill_mid_prune(runs: Path, kind: str, label: str) -> None:
     assert pruner.returncode == -signal.SIGKILL, (out, err)
 
 
-def whole_or_gone(store: FileStore, run_id: str, before: RunState) -> bool:
-    """Check ``run_id`` is whole (listed, opens, as it was) or gone (unlisted, cannot open).
+def files_of(runs: Path, run_id: str) -> list[str]:
+    """The files of ``run_id`` in ``runs``: its own, its temp files and its tombstone."""
+    return sorted(
+        name
+        for name in os.listdir(runs)
+        if name.startswith((f"{run_id}.", f".{run_id}."))
+        and not name.startswith((f"{run_id}.{run_id}", f".{run_id}.{run_id}"))
+    )
 
-    Returns True when it is whole.
+
+def whole_or_gone(store: FileStore, run_id: str, before: RunState, *, open_it: bool) -> bool:
+    """Check ``run_id`` is whole (listed, reads as it was) or gone (unlisted, cannot be read).
+
+    ``open_it``: open it too (a whole run opens as it was; a gone one is not found,
+    and that open finishes what a killed prune left of it). Returns True when whole.
     """
     if run_id in store.list_runs_sync():
-        handle, state = store.open_sync(run_id)
-        handle.close_sync()
-        assert state == before
+        assert store.read_sync(run_id) == before
+        if open_it:
+            handle, state = store.open_sync(run_id)
+            handle.close_sync()
+            assert state == before
         return True
     with pytest.raises(durably.RunNotFound):
-        store.open_sync(run_id)
-    with pytest.raises(durably.RunNotFound):
         store.read_sync(run_id)
+    if open_it:
+        with pytest.raises(durably.RunNotFound):
+            store.open_sync(run_id)
+        assert files_of(store.directory, run_id) == []
     return False
 
 
-@pytest.mark.parametrize("then", ["prune", "create"])
+@pytest.mark.parametrize("then", ["prune", "open", "create"])
 @pytest.mark.parametrize("label", [*PRUNE_STEPS, "store.prune.locked@2", "store.prune.renamed@2"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_prune_killed_at_any_step_leaves_each_run_whole_or_gone(
     tmp_path: Path, kind: str, label: str, then: str
 ) -> None:
-    """A prune SIGKILLed at any of its steps leaves every run whole (it opens and reads as it
-    was) or gone (not listed, cannot be opened); the next prune, or a new run of a pruned
-    run's ID, finishes what it left, and the new run never meets the old run's log.
+    """A prune SIGKILLed at any of its steps leaves every run whole (it reads and opens as it
+    was) or gone (not listed, cannot be read or opened); the next prune, an open of a pruned
+    run's ID or a new run of it finishes what it left, and a new run never meets an old log.
     """
     if kind == "file" and label == "store.prune.log_removed":
         pytest.skip("a snapshot run has no log")
@@ -291,39 +387,41 @@ def test_a_prune_killed_at_any_step_leaves_each_run_whole_or_gone(
     store = make_store(kind, runs)
     before = {run_id: finished_run(store, run_id) for run_id in ("a", "b")}
     before["w"] = finished_run(store, "w", Phase.PAUSED)
+    assert (runs / "a.2.log").exists() == (kind == "journal")
 
     kill_mid_prune(runs, kind, label)
 
-    whole = {run_id: whole_or_gone(store, run_id, state) for run_id, state in before.items()}
+    a_whole = label == "store.prune.locked"  # whole only if killed before its commit point
+    if then == "create":  # the ID used again at once, by a new run
+        fresh = RunState(
+            run_id="a", task="again", created_at=utcnow(), messages=[UserMessage(text="again")]
+        )
+        if a_whole:
+            with pytest.raises(durably.RunExists):
+                store.create_sync(fresh)
+        else:
+            handle = store.create_sync(fresh)
+            for n in range(3):
+                fresh.messages.append(UserMessage(text=f"new {n}"))
+                handle.save_sync(fresh)
+            handle.close_sync()
+            handle, state = store.open_sync("a")
+            handle.close_sync()
+            texts = [m.text for m in state.messages if isinstance(m, UserMessage)]
+            assert texts == ["again", "new 0", "new 1", "new 2"]
+            assert ".a.pruned" not in os.listdir(runs)
+            del before["a"]
+    whole = {
+        run_id: whole_or_gone(store, run_id, state, open_it=then != "prune")
+        for run_id, state in before.items()
+    }
     assert whole["w"]  # never finished: never touched
-    assert whole["a"] == (label == "store.prune.locked")  # whole only before its commit point
+    assert whole.get("a", a_whole) == a_whole
     # Killed among a's steps, or at b's lock, b is whole; once b is renamed, gone.
     assert whole["b"] == (label != "store.prune.renamed@2")
     if then == "prune":
         report = store.prune_sync(timedelta(0), utcnow() + timedelta(days=1))
         assert set(report.pruned) == {run_id for run_id in ("a", "b") if whole[run_id]}
-        assert sorted(os.listdir(runs)) == sorted(
-            name for name in os.listdir(runs) if name.startswith("w.")
-        )
-    else:  # the pruned ID is used again by a new run at once
-        fresh = RunState(
-            run_id="a", task="again", created_at=utcnow(), messages=[UserMessage(text="again")]
-        )
-        if whole["a"]:
-            with pytest.raises(durably.RunExists):
-                store.create_sync(fresh)
-            return
-        handle = store.create_sync(fresh)
-        for n in range(3):
-            fresh.messages.append(UserMessage(text=f"new {n}"))
-            handle.save_sync(fresh)
-        handle.close_sync()
-        handle, state = store.open_sync("a")
-        handle.close_sync()
-        assert [m.text for m in state.messages if isinstance(m, UserMessage)] == [
-            "again",
-            "new 0",
-            "new 1",
-            "new 2",
-        ]
-        assert not [name for name in os.listdir(runs) if name == ".a.pruned"]
+        assert files_of(runs, "a") == files_of(runs, "b") == []
+        assert [name for name in os.listdir(runs) if name.startswith(".")] == []
+        assert store.list_runs_sync() == ["w"]

@@ -279,10 +279,13 @@ class Agent:
         driver = _Driver(self, handle, state)
         state.max_dollars = self.limits.max_dollars  # for people; saved with the next save
         session = driver.session
-        await session.count_restart()
-        session.check_agent(self.fingerprint(), allow_change=self.allow_agent_change)
-        session.check_workspace()
-        await session.apply_decisions(decisions or {})
+        try:
+            await session.count_restart()
+            session.check_agent(self.fingerprint(), allow_change=self.allow_agent_change)
+            session.check_workspace()
+            await session.apply_decisions(decisions or {})
+        except RunCancelled:
+            return Outcome.from_state(state)  # asked to stop while no owner held it
         return await driver.drive()
 
     def run_sync(self, task: str, *, name: str | None = None, run_id: str | None = None) -> Outcome:

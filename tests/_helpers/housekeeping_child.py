@@ -4,7 +4,7 @@ Usage: ``python housekeeping_child.py <command> <store kind> <state-dir> <run-id
 the store kind ``file`` (``FileStore``) or ``journal`` (``JournalStore``). The commands:
 
 - ``run``: run :func:`stepper` as ``run-id``. Each call of its tool ``step`` is written
-  to ``<state-dir>/../world.txt`` (one call ID a line); at call ``c2`` it prints
+  to ``<state-dir>/../world.txt`` (its call ID and key, a line each); at call ``c2`` it prints
   ``in-tool c2`` and waits until ``<state-dir>/../go`` exists. It prints the outcome
   as JSON (status, turns, stop reason).
 - ``hold``: open the run, print ``ready``, and keep it open until stdin closes.
@@ -51,14 +51,14 @@ def stepper(store: FileStore, world: Path, *, wait_at: str | None = "c2") -> Age
     """An agent that calls ``step`` once a turn for :data:`STEPS` turns, then answers.
 
     ``step`` is a keyed write (an attempt marker before each call) that appends its
-    call ID to ``world``; at call ``wait_at`` it says so and waits for a line on stdin.
+    call ID and key to ``world``; at call ``wait_at`` it says so and waits for a line on stdin.
     """
 
     @tool(effect=Effect.KEYED, key_ttl=timedelta(hours=23))
     async def step(ctx: ToolContext, n: int) -> str:
         """Take step ``n`` (appended to the world file)."""
         with world.open("a") as out:
-            out.write(ctx.call_id + "\n")
+            out.write(f"{ctx.call_id} {ctx.idempotency_key}\n")  # the key goes to the service
         if ctx.call_id == wait_at:
             print(f"in-tool {ctx.call_id}", flush=True)
             # The test writes a line once `durably cancel` has answered.
