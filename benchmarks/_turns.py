@@ -13,14 +13,28 @@ agent's, measured in the same run; its added bytes likewise.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import importlib.metadata
+import logging
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from durably._sysio import filesystem_type
+
+TARGETS = {"latency": 0.5, "bytes": 0.2}
+"""Issues 34 and 36: durably's added latency and bytes per turn at most these ratios to DBOS's."""
+
+OURS = ("durably", "durably FileStore")
+"""The contenders that are durably; each is held against the peer, DBOS."""
 
 PAYLOAD = "x" * 1000
 """About 1 KB: each turn's tool arguments and its tool result."""
@@ -172,3 +186,57 @@ def report(
                 f"{name} / {peer} added {label:<7}: {ratio:6.3f}x median of runs ({each}); "
                 f"{verdict}"
             )
+
+
+def main(
+    *,
+    description: str,
+    agent: str,
+    prefix: str,
+    packages: Sequence[str],
+    run_once: Callable[[int, Path], Awaitable[Summary]],
+) -> None:
+    """The command line of a per-turn benchmark against DBOS on SQLite, and its report.
+
+    ``run_once(turns, base)`` runs every contender once on fresh files below ``base``;
+    DBOS is configured on ``base`` and launched around all the repeats.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the verdict is on the median")
+    parser.add_argument("--turns", type=int, default=40, help="tool turns per run")
+    parser.add_argument("--dir", type=Path, default=None, help="where the files go (a real disk)")
+    args = parser.parse_args()
+    from dbos import DBOS  # the peer: every contender's module imports it too
+
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=args.dir))
+
+    async def all_runs() -> list[Summary]:
+        DBOS.launch()
+        try:
+            return [await run_once(args.turns, base / f"run{i}") for i in range(args.repeat)]
+        finally:
+            DBOS.destroy()
+
+    try:
+        DBOS(
+            config={
+                "name": "bench",
+                "system_database_url": f"sqlite:///{base / 'dbos.sqlite'}",
+                "log_level": "WARNING",
+            }
+        )
+        started = time.perf_counter()
+        runs = asyncio.run(all_runs())
+        wall = time.perf_counter() - started
+        report(
+            runs,
+            heading=f"{agent}, {args.turns} tool turns, interleaved; {wall:.1f} s in all",
+            versions=", ".join(f"{p} {importlib.metadata.version(p)}" for p in packages),
+            fs_type=filesystem_type(base),
+            ours=OURS,
+            peer="DBOS",
+            targets=TARGETS,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

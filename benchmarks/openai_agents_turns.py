@@ -26,13 +26,6 @@ Run: ``.venv/bin/python benchmarks/openai_agents_turns.py [--repeat 3] [--turns 
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import importlib.metadata
-import logging
-import shutil
-import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -47,11 +40,9 @@ from dbos import DBOS, SetWorkflowID
 from dbos_openai_agents import DBOSRunner  # type: ignore[import-untyped]
 
 import durably
-from durably._sysio import filesystem_type
 from durably.openai_agents import DurableRunner
 from durably.stores import Store
 
-TARGETS = {"latency": 0.5, "bytes": 0.2}
 """durably / DBOS ratios of the added cost per turn the issue asks for (at most)."""
 
 CONTENDERS = ("bare", "durably", "durably FileStore", "DBOS")
@@ -150,52 +141,16 @@ async def run_once(turns: int, base: Path) -> _turns.Summary:
     return _turns.summary(gates)
 
 
-async def all_runs(repeat: int, turns: int, base: Path) -> list[_turns.Summary]:
-    """``repeat`` comparisons, each on fresh files, with DBOS launched over them all."""
-    DBOS.launch()
-    try:
-        return [await run_once(turns, base / f"run{i}") for i in range(repeat)]
-    finally:
-        DBOS.destroy()
-
-
 def main() -> None:
     """Run the comparison ``--repeat`` times and print each contender's medians and the verdict."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs; the verdict is on the median")
-    parser.add_argument("--turns", type=int, default=40, help="tool turns per run")
-    parser.add_argument("--dir", type=Path, default=None, help="where the files go (a real disk)")
-    args = parser.parse_args()
-    logging.getLogger("dbos").setLevel(logging.WARNING)
     set_tracing_disabled(True)  # no network: nothing to export traces to
-    base = Path(tempfile.mkdtemp(prefix="durably-bench-oai-", dir=args.dir))
-    try:
-        DBOS(
-            config={
-                "name": "bench",
-                "system_database_url": f"sqlite:///{base / 'dbos.sqlite'}",
-                "log_level": "WARNING",
-            }
-        )
-        started = time.perf_counter()
-        runs = asyncio.run(all_runs(args.repeat, args.turns, base))
-        wall = time.perf_counter() - started
-        versions = ", ".join(
-            f"{p} {importlib.metadata.version(p)}"
-            for p in ("openai-agents", "dbos-openai-agents", "dbos", "durably")
-        )
-        _turns.report(
-            runs,
-            heading=f"OpenAI Agents SDK agent, {args.turns} tool turns, interleaved; "
-            f"{wall:.1f} s in all",
-            versions=versions,
-            fs_type=filesystem_type(base),
-            ours=("durably", "durably FileStore"),
-            peer="DBOS",
-            targets=TARGETS,
-        )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    _turns.main(
+        description=__doc__.splitlines()[0],
+        agent="OpenAI Agents SDK agent",
+        prefix="durably-bench-oai-",
+        packages=("openai-agents", "dbos-openai-agents", "dbos", "durably"),
+        run_once=run_once,
+    )
 
 
 if __name__ == "__main__":

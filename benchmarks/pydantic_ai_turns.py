@@ -30,13 +30,6 @@ Run: ``.venv/bin/python benchmarks/pydantic_ai_turns.py [--repeat 3] [--turns 40
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import importlib.metadata
-import logging
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +41,9 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import durably
-from durably._sysio import filesystem_type
 from durably.pydantic_ai import Durable
 from pydantic_ai import Agent
 
-TARGETS = {"latency": 0.5, "bytes": 0.2}
 """durably / DBOS ratios of the added cost per turn the issue asks for (at most)."""
 
 CONTENDERS = ("bare", "durably", "durably FileStore", "DBOS")
@@ -130,53 +121,14 @@ async def run_once(turns: int, base: Path) -> _turns.Summary:
     return _turns.summary(gates)
 
 
-async def all_runs(repeat: int, turns: int, base: Path) -> list[_turns.Summary]:
-    """``repeat`` comparisons, each on fresh files, with DBOS launched over them all."""
-    DBOS.launch()
-    try:
-        return [await run_once(turns, base / f"run{i}") for i in range(repeat)]
-    finally:
-        DBOS.destroy()
-
-
 def main() -> None:
-    """Run the comparison ``--repeat`` times and print each run, the medians and the verdict."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs; the verdict is on the median")
-    parser.add_argument("--turns", type=int, default=40, help="tool turns per run")
-    parser.add_argument("--dir", type=Path, default=None, help="where the files go (a real disk)")
-    args = parser.parse_args()
-    logging.getLogger("dbos").setLevel(logging.WARNING)
-    base = Path(tempfile.mkdtemp(prefix="durably-bench-pai-", dir=args.dir))
-    try:
-        DBOS(
-            config={
-                "name": "bench",
-                "system_database_url": f"sqlite:///{base / 'dbos.sqlite'}",
-                "log_level": "WARNING",
-            }
-        )
-        started = time.perf_counter()
-        runs = asyncio.run(all_runs(args.repeat, args.turns, base))
-        wall = time.perf_counter() - started
-        report(runs, args.turns, wall, filesystem_type(base))
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def report(runs: list[_turns.Summary], turns: int, wall: float, fs_type: str | None) -> None:
-    """Each contender's medians over the runs, then durably / DBOS and the verdict."""
-    versions = ", ".join(
-        f"{p} {importlib.metadata.version(p)}" for p in ("pydantic-ai-slim", "dbos", "durably")
-    )
-    _turns.report(
-        runs,
-        heading=f"Pydantic AI agent, {turns} tool turns, interleaved; {wall:.1f} s in all",
-        versions=versions,
-        fs_type=fs_type,
-        ours=("durably", "durably FileStore"),
-        peer="DBOS",
-        targets=TARGETS,
+    """Run the comparison ``--repeat`` times and print each contender's medians and the verdict."""
+    _turns.main(
+        description=__doc__.splitlines()[0],
+        agent="Pydantic AI agent",
+        prefix="durably-bench-pai-",
+        packages=("pydantic-ai-slim", "dbos", "durably"),
+        run_once=run_once,
     )
 
 

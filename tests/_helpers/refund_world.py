@@ -58,14 +58,18 @@ class Service:
     def _append(self, name: str, record: dict[str, Any]) -> None:
         with (self.root / f"{name}.jsonl").open("a") as out:
             out.write(json.dumps(record) + "\n")
+        self.after_write(name)
+
+    def after_write(self, name: str) -> None:
+        """What happens once an effect is written, before its answer reaches the tool."""
         if name == self.kill_after:
             kill_once(self.root)
         if name in self.doubt:
             raise durably.ToolInDoubt(f"the {name} service took the request and never answered")
 
-    def refund(self, *, order: str, key: str) -> str:
+    def refund(self, *, order: str, key: str | None) -> str:
         """Refund an order; with keys honoured, a repeated key gets the first refund back."""
-        if self.honour_keys:
+        if self.honour_keys and key is not None:
             for entry in self.lines("refunds"):
                 if entry["key"] == key:
                     return f"refund {entry['id']} (replayed)"

@@ -1,8 +1,11 @@
-"""Deterministic run states, built the same way in the test process and in its children."""
+"""Deterministic run states, built the same way in the test process and in its children.
+
+The first state is the store conformance suite's (:mod:`durably.testing.states`);
+``state_b`` is a run mid-turn, phase ``tools``.
+"""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 import msgspec
@@ -24,18 +27,13 @@ from durably.state import (
     Usage,
     UserMessage,
 )
+from durably.testing.states import first_state
 
 CREATED = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 
 
-def state_a(run_id: str) -> RunState:
-    """A run that has only its task: the state a run is created with."""
-    return RunState(
-        run_id=run_id,
-        task="triage the flaky test",
-        created_at=CREATED,
-        messages=[UserMessage(text="triage the flaky test")],
-    )
+state_a = first_state
+"""A run that has only its task: the state a run is created with."""
 
 
 def state_b(run_id: str) -> RunState:
@@ -83,29 +81,6 @@ def state_b(run_id: str) -> RunState:
             tools=(ToolPrint(name="write_file", effect=Effect.WRITE, schema_sha256="d" * 64),),
         ),
     )
-
-
-def sized_state(run_id: str, approx_bytes: int) -> RunState:
-    """A run whose conversation grows, turn by turn, to about ``approx_bytes`` of JSON."""
-    state = state_a(run_id)
-    turn = 0
-    size = 0
-    while size < approx_bytes:
-        turn += 1
-        args = json.dumps({"path": f"src/module_{turn}.py", "pattern": "def .*timeout"})
-        state.messages.append(
-            AssistantMessage(
-                text=f"Turn {turn}: searching for the timeout handling.",
-                calls=(ToolCall(id=f"call_{turn}", name="grep", arguments=args),),
-                usage=Usage(input_tokens=900 + turn, output_tokens=60),
-                turn=turn,
-            )
-        )
-        body = "".join(f"src/module_{turn}.py:{n}: def wait(timeout=30):\n" for n in range(12))
-        state.messages.append(ToolResult(call_id=f"call_{turn}", name="grep", content=body))
-        state.turns = turn
-        size = len(msgspec.json.encode(state))
-    return state
 
 
 def without_saved_at(state: RunState) -> RunState:

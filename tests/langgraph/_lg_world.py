@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,68 +39,23 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 
 import durably
+from _helpers import refund_world
+from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, RefundJob
 from durably import faults
 from durably.langgraph import DurableTools, DurablySaver, tool_context
 from durably.state import Phase, RunState, UserMessage, utcnow
 from durably.stores import Store
 from durably.sweep import RUN_ID, Config, World, digest_files
 
-TASK = "refund order 1042, tell the customer, and note it"
-ANSWER = "Refunded 1042; customer told; noted."
-EMAIL = {"to": "a@b.c", "text": "order 1042 is refunded"}
-NOTE = "refund 1042 done"
 THREAD: Any = {"configurable": {"thread_id": RUN_ID}}
 
 
-class Service:
-    """The fake service: refunds (deduplicated on keys if asked), e-mails and notes."""
+class Service(refund_world.Service):
+    """The refunds service, passing a crash point after each effect it writes."""
 
-    def __init__(self, root: Path, *, honour_keys: bool = True) -> None:
-        self.root = root
-        self.honour_keys = honour_keys
-
-    def prepare(self) -> None:
-        """Make the service's directory."""
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def lines(self, name: str) -> list[dict[str, Any]]:
-        """Every record of one kind of effect, in order."""
-        path = self.root / f"{name}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    def _append(self, name: str, record: dict[str, Any]) -> None:
-        with (self.root / f"{name}.jsonl").open("a") as out:
-            out.write(json.dumps(record) + "\n")
+    def after_write(self, name: str) -> None:
+        """The crash point ``service.did:<kind>``: the effect done, its answer not yet back."""
         faults.point(f"service.did:{name}")
-
-    def refund(self, *, order: str, key: str | None) -> str:
-        """Refund an order; with keys honoured, a repeated key gets the first refund back."""
-        if self.honour_keys and key is not None:
-            for entry in self.lines("refunds"):
-                if entry["key"] == key:
-                    return f"refund {entry['id']} (replayed)"
-        number = len(self.lines("refunds")) + 1
-        self._append("refunds", {"id": number, "order": order, "key": key})
-        return f"refund {number}"
-
-    def send_email(self, *, to: str, text: str) -> str:
-        """Send an e-mail (no key: a repeat sends it again)."""
-        self._append("emails", {"to": to, "text": text})
-        return f"sent to {to}"
-
-    def post_note(self, *, text: str) -> str:
-        """Post a note (no key, no way to look it up)."""
-        self._append("notes", {"text": text})
-        return "noted"
-
-    def effects(self) -> Counter[str]:
-        """Every effect performed, as a multiset of descriptions."""
-        found = Counter(f"refund {e['order']}" for e in self.lines("refunds"))
-        found.update(f"email {e['to']}: {e['text']}" for e in self.lines("emails"))
-        found.update(f"note {e['text']}" for e in self.lines("notes"))
-        return found
 
 
 def script(turn: int, again: int) -> AIMessage:
@@ -335,8 +289,11 @@ def _final_answer(world: World, *, sqlite: bool) -> str | None:
     return str(messages[-1].content) if messages else None
 
 
-class LangGraphJob:
+class LangGraphJob(RefundJob):
     """The world above as a ``durably.sweep`` job: the sweep's own judge, kills and table.
+
+    The service, its judge and its oracle are the refunds world's (``RefundJob``); the
+    graph, its checks and its files are this world's.
 
     Args:
         sqlite: the same graph on ``SqliteSaver`` alone, no ``DurableTools`` (a baseline).
@@ -346,42 +303,9 @@ class LangGraphJob:
         self.sqlite = sqlite
         self.name = "langgraph refunds" + (" (SqliteSaver alone)" if sqlite else "")
 
-    def _service(self, world: World) -> Service:
-        return Service(world.root / "service", honour_keys=world.config.honour_keys)
-
-    def prepare(self, world: World) -> None:
-        """Make the service's directory."""
-        self._service(world).prepare()
-
-    def task(self) -> str:
-        """The task the run is started with."""
-        return TASK
-
     def agent(self, world: World, approver: durably.Approver) -> GraphAgent:
         """The graph for this world, built anew in every process."""
         return GraphAgent(world, approver, sqlite=self.sqlite)
-
-    def call_log(self, world: World) -> durably.CallLog:
-        """Where the model's asks are logged."""
-        return durably.CallLog(world.root / "model.jsonl")
-
-    def effects(self, world: World) -> Counter[str]:
-        """What the run did to the service."""
-        return self._service(world).effects()
-
-    def oracle(self, world: World, request: durably.ResolveRequest) -> durably.Rerun | durably.Done:
-        """A person who checks the service: done when the effect is there, else rerun."""
-        service = self._service(world)
-        arguments = json.loads(request.arguments)
-        if request.tool == "refund":
-            found = any(e["key"] == request.idempotency_key for e in service.lines("refunds"))
-        elif request.tool == "send_email":
-            found = arguments in service.lines("emails")
-        else:
-            found = arguments in service.lines("notes")
-        return (
-            durably.Done(f"{request.tool} done (checked by a person)") if found else durably.Rerun()
-        )
 
     def checks(self, world: World, state: durably.RunState) -> list[str]:
         """Problems: the thread did not end with the scripted answer; a saved reply re-asked."""

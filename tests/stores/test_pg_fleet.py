@@ -324,9 +324,10 @@ def test_a_worker_gives_up_after_its_wait_for_the_database_naming_it(
 def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
     own_cluster: Cluster, own_dsn: str, tmp_path: Path, run_durably: Callable[..., Durably]
 ) -> None:
-    """A worker holding runs in flight rides out an immediate server restart (its renewals
-    and claims reconnect); a second worker SIGKILLed with a call in flight is taken over,
-    and the log says from whom, how long ago its lease expired, and the ladder's decision.
+    """A worker holding runs in flight rides out a server crash and a restart that take longer
+    than its renewal period (each lease's renewal waits through the outage and lands before
+    the lease runs out); a second worker SIGKILLed with a call in flight is taken over, and
+    the log says from whom, how long ago its lease expired, and the ladder's decision.
     """
     submit_runs(own_dsn, ["s1", "s2"])
     (tmp_path / "pause").write_text("note")  # each run stops after its first note acted
@@ -336,10 +337,15 @@ def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
     first.finish()
     owner = re.search(r"worker (\S+): ", first.output)
     assert owner is not None, first.output
-    # A lease longer than the restart takes: its renewals ride it out, none is lost.
-    second = start_worker(run_durably, own_dsn, "--concurrency", "2", "--lease", "8")
+    # A lease of 15 s is renewed every 5 s: down for 6 s, the server misses at least one
+    # renewal of each lease (its retries wait it out), and is back long before the lease
+    # (renewed at most 5 s before the crash) runs out.
+    second = start_worker(run_durably, own_dsn, "--concurrency", "2", "--lease", "15")
     second.wait_for(second.said("took over s1"), what="the takeover")
-    own_cluster.restart()  # immediate stop and start: every connection breaks
+    second.wait_for(second.said("took over s2"), what="the second takeover")
+    own_cluster.halt()  # an immediate stop, as a crash: every connection breaks
+    time.sleep(6)
+    own_cluster.resume()
     (tmp_path / "pause").unlink()
     second.wait_for(
         lambda: set(phases(own_dsn).values()) == {"done"}, what="every run done", within=60
@@ -351,6 +357,7 @@ def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
             rf"took over {run_id} from {re.escape(owner[1])} \(lease expired \d+\.\ds ago\)", out
         ), out
     assert re.search(r"s\d: in doubt note n1: ladder step 2 \(lookup\) -> found", out), out
+    assert "lease (token" not in out, f"a lease was lost in the outage:\n{out}"
     assert "2 done" in out, out
     assert "0 lost to another worker" in out, out
     assert "0 failed" in out, out

@@ -584,15 +584,17 @@ class PostgresRun:
                 self._mark_lost("the lease ran out before it could be renewed")
                 return
             try:
-                # One attempt per period, bounded by the lease: a renewal that
-                # lands after the lease ran out changes nothing (it is conditional).
+                # One renewal a period, retried through a broken connection or a server
+                # restart until the lease runs out: an outage shorter than what is left
+                # of the lease costs nothing. A renewal that lands after the lease ran
+                # out changes nothing (it is conditional).
                 renewed = await store._connections.run(  # noqa: SLF001 -- the run handle is part of its store (same module)
                     update,
                     what="renewing the lease",
                     run_id=self._run_id,
-                    until=min(self._deadline, sent + every),
+                    until=self._deadline,
                 )
-            except SaveFailed as exc:
+            except SaveFailed as exc:  # retries off, or the lease is all but out
                 log.info("run %s: renewal failed (%s); trying again", self._run_id, exc)
                 continue
             except Exception as exc:  # not a connection problem: the lease cannot be trusted
