@@ -18,7 +18,9 @@ SECRET = "s3cret-pw"  # noqa: S105 - the password the commands must refuse
 # The fewest further arguments each command needs to be parsed at all.
 ARGUMENTS = {
     "answer": ["run-1", "call-1", "yes"],
+    "cancel": ["run-1"],
     "pending": [],
+    "prune": ["--done", "--older-than", "30d"],
     "resume": ["run-1", "--agent", "mod:factory"],
     "console": [],
     "runs": [],

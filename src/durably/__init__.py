@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .errors import ModelError as ModelError
     from .errors import OwnershipError as OwnershipError
     from .errors import ReplayMismatch as ReplayMismatch
+    from .errors import RunCancelled as RunCancelled
     from .errors import RunError as RunError
     from .errors import RunExists as RunExists
     from .errors import RunNotFound as RunNotFound
@@ -121,6 +122,7 @@ _EXPORTS: dict[str, str] = {
     "ModelError": "errors",
     "OwnershipError": "errors",
     "ReplayMismatch": "errors",
+    "RunCancelled": "errors",
     "RunError": "errors",
     "RunExists": "errors",
     "RunNotFound": "errors",
@@ -275,6 +277,7 @@ __all__ = [
     "Reply",
     "Rerun",
     "ResolveRequest",
+    "RunCancelled",
     "RunError",
     "RunExists",
     "RunNotFound",

@@ -228,7 +228,7 @@ class RunTrace:
             f"durably.{kind}",
             {k: v for k, v in data.items() if isinstance(v, str | int | float | bool)},
         )
-        if kind in ("done", "paused"):
+        if kind in ("done", "paused", "cancelled"):
             _summarize(self.process, state, kind)
             self._end_chat("the run stopped before the reply was saved")
             self._end(self._turn)

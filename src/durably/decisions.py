@@ -139,6 +139,8 @@ def record_answer(
 def _why_not_open(state: RunState, call_id: str) -> str:
     if state.phase is Phase.DONE:
         return "the run is done"
+    if state.phase is Phase.CANCELLED:
+        return "the run was cancelled (`durably cancel`): it has no questions and never goes on"
     decision = state.decisions.get(call_id)
     if decision is not None:
         verdict = "approved" if decision.approved else "refused"

@@ -36,6 +36,7 @@ from .errors import (
     LimitExceeded,
     MaxResumes,
     ModelError,
+    RunCancelled,
     TokenLimit,
     TurnLimit,
 )
@@ -130,6 +131,8 @@ class Save(enum.StrEnum):
     """History folded into a summary before a model call."""
     LIMIT = "limit"
     """A limit stopped the run."""
+    CANCELLED = "cancelled"
+    """``durably cancel`` stopped the run: saved after a save with no call in flight."""
 
     @property
     def crash_point(self) -> str:
@@ -210,6 +213,7 @@ EventKind = Literal[
     "ladder",
     "paused",
     "done",
+    "cancelled",
     "text-delta",
     "arguments-delta",
 ]
@@ -237,6 +241,8 @@ class Event:
     - ``ladder`` (``call_id``, ``tool``, ``step``, ``outcome``): an in-doubt call's verdict;
     - ``paused`` (``pending``: call IDs): the run waits for a person (save point 5);
     - ``done`` (``answer``, ``turns``, ``dollars``): the answer was saved (save point 5);
+    - ``cancelled`` (``turns``, ``dollars``): ``durably cancel`` stopped the run, saved
+      as ``cancelled``;
     - from a streaming model, before its ``reply``: ``text-delta`` (``turn``, ``text``)
       and ``arguments-delta`` (``turn``, ``call_id``, ``tool``, ``text``), sent to the
       observer only, never logged.
@@ -248,7 +254,7 @@ class Event:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-OutcomeStatus = Literal["done", "paused"]
+OutcomeStatus = Literal["done", "paused", "cancelled"]
 
 # Where each field of Outcome comes from in the state; a test holds the two in step.
 OUTCOME_SOURCES: Mapping[str, str] = {
@@ -280,9 +286,14 @@ class Outcome:
     @classmethod
     def from_state(cls, state: RunState) -> Outcome:
         """The outcome a saved state stands for."""
+        status: OutcomeStatus = "paused"
+        if state.phase is Phase.DONE:
+            status = "done"
+        elif state.phase is Phase.CANCELLED:
+            status = "cancelled"
         return cls(
             run_id=state.run_id,
-            status="done" if state.phase is Phase.DONE else "paused",
+            status=status,
             answer=state.answer,
             stop_reason=state.stop_reason,
             turns=state.turns,
@@ -368,13 +379,50 @@ class RunSession:
         self._warned_unbounded = False
         self._saving: Any = None
         """An asyncio lock once two tasks save at once (a framework's parallel calls)."""
+        self._asks_cancel: Callable[[], bool] | None = getattr(handle, "cancel_requested", None)
+        """The handle's ``cancel_requested`` (a store with ``Housekeeping``), else None."""
+        self.cancelled = False
+        """True once this session saved the run as ``cancelled``: it saves nothing more."""
         self.trace = _tracing.for_run(state.run_id, owner=self, state=state)
         """OpenTelemetry spans of this session (no-op hooks unless the application traces)."""
 
     # -- plumbing --------------------------------------------------------------------
 
     async def save(self, point: SavePoint | Save) -> None:
-        """Save the state through the handle, shielded, then pass ``point``'s crash point."""
+        """Save the state through the handle, shielded, then pass ``point``'s crash point.
+
+        After a save with no call in flight (not an attempt marker's, and no marker
+        left: a marked call finishes its ladder story first), a run that
+        ``durably cancel`` asked to stop is saved as ``cancelled`` and
+        :class:`~durably.RunCancelled` is raised: nothing after this save runs.
+
+        Raises:
+            RunCancelled: the run is cancelled (now, or by an earlier save of this
+                session: nothing is saved over a cancelled run).
+        """
+        if self.cancelled:
+            raise RunCancelled(run_id=self.state.run_id)
+        await self._write()
+        faults.point(point.crash_point)
+        if point is not SavePoint.ATTEMPT and self._cancel_asked():
+            if point is Save.MODEL_CALL:
+                self.state.model_call = None  # the model is never asked: nothing to pay
+            self.state.cancel()
+            self.cancelled = True
+            await self._write()
+            faults.point(Save.CANCELLED.crash_point)
+            self.emit("cancelled", turns=self.state.turns, dollars=self.state.dollars)
+            raise RunCancelled(run_id=self.state.run_id)
+
+    def _cancel_asked(self) -> bool:
+        """Whether the run may stop here and ``durably cancel`` asked it to."""
+        state = self.state
+        if self._asks_cancel is None or state.markers or state.phase.finished:
+            return False
+        return self._asks_cancel()
+
+    async def _write(self) -> None:
+        """The save itself: at once when the store waits for nothing, else awaited, shielded."""
         # A save with nothing to wait for (a store that does not sync) is made at once: a
         # call no cancellation can interrupt, so it needs no task and no shield.
         at_once = getattr(self.handle, "save_without_waiting", None)
@@ -387,7 +435,6 @@ class RunSession:
             # time, each of the whole state as it stands when its turn comes.
             async with self._saving:
                 await shielded(self.handle.save(self.state))
-        faults.point(point.crash_point)
 
     def emit(self, kind: EventKind, **data: Any) -> None:
         """Log ``kind`` and tell the observer; a failing observer never stops the run."""

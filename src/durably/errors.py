@@ -10,6 +10,7 @@ The hierarchy::
     │   ├── AgentChanged            the agent differs from the one the run was started with
     │   ├── WorkspaceChanged        files the run wrote were changed behind its back
     │   ├── MaxResumes              the run was restarted too many times
+    │   ├── RunCancelled            the run was stopped by `durably cancel`; it never goes on
     │   ├── AnswerRefused           a person's answer does not fit an open question
     │   └── LimitExceeded           a turn, token or dollar limit was reached
     │       ├── TurnLimit
@@ -63,6 +64,7 @@ __all__ = [
     "ModelError",
     "OwnershipError",
     "ReplayMismatch",
+    "RunCancelled",
     "RunError",
     "RunExists",
     "RunNotFound",
@@ -205,6 +207,24 @@ class MaxResumes(RunError):
             "Opening a paused run is not a restart, so these opens found it unfinished: "
             "if it keeps dying at the same place, find why there; to go on, resume with a "
             "higher max_resumes (durably triage --max-resumes N)"
+        )
+
+
+class RunCancelled(RunError):
+    """Raised when a run was stopped by ``durably cancel``: it is finished and never goes on.
+
+    The run that is cancelled while it runs ends with it after its current save
+    (``durably.Agent`` returns an outcome of status ``cancelled`` instead); resuming
+    a cancelled run raises it at once. Start a new run with a new ID to do the work.
+    """
+
+    __module__ = "durably"
+
+    def __init__(self, *, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} was cancelled (`durably cancel`) and is finished: it is never "
+            "resumed; start a new run with a new ID to do its work"
         )
 
 

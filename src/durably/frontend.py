@@ -23,7 +23,7 @@ import msgspec
 from . import faults
 from .approval import Approver
 from .engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
-from .errors import DurablyError, RunNotFound
+from .errors import DurablyError, RunCancelled, RunNotFound
 from .models import Price
 from .state import (
     AssistantMessage,
@@ -194,9 +194,12 @@ def given_run(handle: RunHandle, state: RunState) -> Outcome | None:
 
     Raises:
         ValueError: ``state`` is not the state of ``handle``'s run.
+        RunCancelled: the run was cancelled: it is never carried on.
     """
     if state.run_id != handle.run_id:
         raise ValueError(f"the state of run {state.run_id!r} given with run {handle.run_id!r}")
+    if state.phase is Phase.CANCELLED:
+        raise RunCancelled(run_id=state.run_id)
     return Outcome.from_state(state) if state.phase is Phase.DONE else None
 
 
@@ -237,7 +240,13 @@ async def opened_session(
     for a front end that opens a run more than once per process, or whose run rests
     between its framework's turns (``durably.langgraph``: a thread whose calls are
     all answered is at rest, not crashed).
+
+    Raises:
+        RunCancelled: the run was cancelled (``durably cancel``): it is never carried
+            on, nor started afresh under its ID.
     """
+    if state.phase is Phase.CANCELLED:
+        raise RunCancelled(run_id=state.run_id)
     if workspace is not None:
         workspace.remove_temp_files()
     session = RunSession(
@@ -252,7 +261,7 @@ async def opened_session(
     if fresh:
         faults.point(SavePoint.START.crash_point)
         session.emit("started", task=state.task)
-    elif (state.phase is not Phase.DONE) if restarting is None else restarting:
+    elif (not state.phase.finished) if restarting is None else restarting:
         await session.count_restart()
         session.check_workspace()
     return session

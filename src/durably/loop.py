@@ -47,7 +47,7 @@ from .engine import (
     SavePoint,
     shielded,
 )
-from .errors import InvalidValue
+from .errors import InvalidValue, RunCancelled
 from .keys import new_run_id, validate_run_id
 from .models import Delta, Model, ModelRequest, ToolSpec, checked_reply, priced, worst_case
 from .state import (
@@ -274,13 +274,18 @@ class Agent:
             self.workspace.remove_temp_files()
         if state.phase is Phase.DONE:
             return Outcome.from_state(state)  # finished: free, no model or tool call
+        if state.phase is Phase.CANCELLED:
+            raise RunCancelled(run_id=state.run_id)  # never carried on, never started afresh
         driver = _Driver(self, handle, state)
         state.max_dollars = self.limits.max_dollars  # for people; saved with the next save
         session = driver.session
-        await session.count_restart()
-        session.check_agent(self.fingerprint(), allow_change=self.allow_agent_change)
-        session.check_workspace()
-        await session.apply_decisions(decisions or {})
+        try:
+            await session.count_restart()
+            session.check_agent(self.fingerprint(), allow_change=self.allow_agent_change)
+            session.check_workspace()
+            await session.apply_decisions(decisions or {})
+        except RunCancelled:
+            return Outcome.from_state(state)  # asked to stop while no owner held it
         return await driver.drive()
 
     def run_sync(self, task: str, *, name: str | None = None, run_id: str | None = None) -> Outcome:
@@ -348,6 +353,13 @@ class _Driver:
         self.session.observe(delta.kind, {"turn": turn, **delta.data()})
 
     async def drive(self) -> Outcome:
+        """Run phase by phase until the run is done, paused or cancelled (``durably cancel``)."""
+        try:
+            return await self._phases()
+        except RunCancelled:
+            return Outcome.from_state(self.state)  # saved as cancelled by the session
+
+    async def _phases(self) -> Outcome:
         state, session = self.state, self.session
         while True:
             if state.phase is Phase.DONE:

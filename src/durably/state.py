@@ -78,6 +78,11 @@ class Phase(enum.StrEnum):
     CANCELLED = "cancelled"
     """Stopped by ``durably cancel``: finished, never resumed, like ``done`` without an answer."""
 
+    @property
+    def finished(self) -> bool:
+        """Whether a run in this phase is over (``done`` or ``cancelled``): nothing more runs."""
+        return self is Phase.DONE or self is Phase.CANCELLED
+
 
 class Effect(enum.StrEnum):
     """What a tool does to the world, which decides how an in-doubt call is resolved."""
@@ -322,7 +327,7 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     fingerprint: Fingerprint | None = None
     answer: str | None = None
     stop_reason: str | None = None
-    """Why the run stopped: ``answered``, or the limit or error that stopped it."""
+    """Why the run stopped: ``answered``, ``cancelled``, or the limit or error that stopped it."""
     saved_at: datetime | None = None
     """When the state was last saved; set by the store."""
 
@@ -355,6 +360,23 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
             return []
         done = self.answered()
         return [call for call in reply.calls if call.id not in done]
+
+    def cancel(self) -> None:
+        """End the run as ``cancelled`` (``durably cancel``): finished, never resumed.
+
+        Its open questions go (nobody need answer them); a model call left in flight
+        by a process that died is counted at its worst case, as a restart counts it;
+        attempt markers stay, the record of calls that may have acted.
+        """
+        lost = self.model_call
+        if lost is not None:
+            self.unsaved_dollars += lost.worst_dollars
+            self.unsaved_replies += 1
+            self.model_call = None
+        self.phase = Phase.CANCELLED
+        self.stop_reason = "cancelled"
+        self.pending.clear()
+        self.decisions.clear()
 
 
 _encoder = msgspec.json.Encoder()

@@ -63,4 +63,4 @@ def test_every_event_kind_is_documented_on_event() -> None:
 
     missing = sorted(kind for kind in KINDS if f"``{kind}``" not in documented)
     assert missing == []
-    assert len(KINDS) == 15
+    assert len(KINDS) == 16

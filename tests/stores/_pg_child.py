@@ -12,6 +12,10 @@ Usage: ``python _pg_child.py <command> <dsn> <lease-seconds> ...``. Commands:
   ``{"outcome": "done" | "paused" | "lease-lost"}``.
 - ``worker ROOT CONCURRENCY DWELL``: serve the ledger job until SIGTERM, writing the
   store's counters to ``ROOT/stats-<pid>.json`` as it goes.
+- ``prune BATCH LABEL``: print ``pruning``, prune every finished run (``older_than`` 0),
+  BATCH runs a statement, under a CrashPlan that SIGKILLs this process at crash point
+  LABEL (``label@N``: its Nth time; empty: none, the test kills it); print the report
+  as JSON if it is never reached.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from _pg_jobs import make_agent, make_registry  # noqa: E402
 
 import durably  # noqa: E402
 from _helpers.samples import state_b  # noqa: E402
+from durably.faults import CrashPlan, installed  # noqa: E402
 from durably.postgres import (  # noqa: E402
     PostgresRun,
     PostgresStore,
     _groupcommit,
+    housekeeping,
     work,
 )
 
@@ -128,6 +134,15 @@ async def worker(store: PostgresStore, root: Path, concurrency: int, dwell: floa
     say(asdict(report))
 
 
+async def prune(store: PostgresStore, batch: int, label: str) -> None:
+    name, _, occurrence = label.partition("@")
+    plan = CrashPlan(label=name or None, occurrence=int(occurrence or 1))
+    say("pruning")
+    with installed(plan):
+        report = await housekeeping.prune(store, older_than=timedelta(0), batch=batch)
+    say({"pruned": len(report.pruned), "owned": list(report.owned)})
+
+
 async def main(command: str, dsn: str, lease: str, *args: str) -> None:
     seconds = float(lease)
     async with PostgresStore(
@@ -143,6 +158,8 @@ async def main(command: str, dsn: str, lease: str, *args: str) -> None:
             await agent(store, args[0], Path(args[1]))
         elif command == "worker":
             await worker(store, Path(args[0]), int(args[1]), float(args[2]))
+        elif command == "prune":
+            await prune(store, int(args[0]), args[1] if len(args) > 1 else "")
         else:
             sys.exit(f"unknown command {command!r}")
 

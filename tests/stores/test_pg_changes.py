@@ -183,7 +183,7 @@ def test_a_change_sent_again_after_it_landed_adds_nothing(
 
     def watched(
         saves: list[dict[str, Any]],
-    ) -> Callable[[psycopg.AsyncConnection[tuple[Any, ...]]], Awaitable[set[str]]]:
+    ) -> Callable[[psycopg.AsyncConnection[tuple[Any, ...]]], Awaitable[_sql.Landed]]:
         sent.append(saves)
         return real(saves)
 
@@ -196,7 +196,7 @@ def test_a_change_sent_again_after_it_landed_adds_nothing(
         await handle.save(state)
         (last,) = sent[-1]
         assert last["change"] is not None
-        assert await store.execute(real([last]), what="saving again") == {"r1"}
+        assert await store.execute(real([last]), what="saving again") == {"r1": False}
         assert await store.read("r1") == state
         step(state, 2)
         await handle.save(state)
@@ -366,7 +366,7 @@ def test_a_group_statement_carries_changes_and_snapshots_together(pg_dsn: str) -
 def slow_change_saves(monkeypatch: pytest.MonkeyPatch, pause: float) -> None:
     """From now on a lone change save holds the row's lock ``pause`` seconds after its UPDATE."""
     slow = _sql.SAVE_CHANGE.replace(  # the lone change save, slowed down
-        "SELECT run_id FROM saved", "SELECT run_id, pg_sleep(%(pause)s) FROM saved"
+        "SELECT run_id, cancel FROM saved", "SELECT run_id, cancel, pg_sleep(%(pause)s) FROM saved"
     )
     assert slow != _sql.SAVE_CHANGE
     monkeypatch.setattr(_sql, "SAVE_CHANGE", slow)

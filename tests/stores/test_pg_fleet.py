@@ -362,3 +362,38 @@ def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
     assert "0 lost to another worker" in out, out
     assert "0 failed" in out, out
     assert_each_call_acted_once(tmp_path, ["s1", "s2"])
+
+
+# -- stopping and cleaning up --------------------------------------------------------------
+
+
+def test_a_cancelled_queued_run_is_never_claimed_and_an_owned_one_stops_after_its_save(
+    pg_dsn: str, tmp_path: Path, run_durably: Callable[..., Durably]
+) -> None:
+    """``durably cancel --dsn``: a queued run is saved as cancelled and no worker claims it;
+    a run a worker is inside a tool of is asked, finishes that call, and ends cancelled at
+    the save of its result: its later calls never act. A pruning worker then removes both.
+    """
+    submit_runs(pg_dsn, ["q1"])
+    queued = run_durably("cancel", "q1", dsn=pg_dsn)
+    assert queued.finish() == 0, queued.output
+    assert "cancelled q1: nobody held it" in queued.output
+    submit_runs(pg_dsn, ["s1"])
+    (tmp_path / "pause").write_text("note")  # s1 waits inside its first note
+    worker = start_worker(run_durably, pg_dsn, "--concurrency", "2")
+    worker.wait_for(lambda: (tmp_path / "acted").exists(), what="the first note acted")
+    owned = run_durably("cancel", "s1", dsn=pg_dsn)
+    assert owned.finish() == 0, owned.output
+    assert "asked the owner of s1 to stop" in owned.output
+    (tmp_path / "pause").unlink()
+    worker.wait_for(lambda: phases(pg_dsn).get("s1") == "cancelled", what="s1 cancelled")
+    assert worker.stop() == 0, worker.output
+    assert "1 claimed" in worker.output, worker.output
+    assert "1 cancelled" in worker.output, worker.output
+    assert phases(pg_dsn) == {"q1": "cancelled", "s1": "cancelled"}
+    effects = sorted((e["run_id"], e["call_id"]) for e in Ledger(tmp_path).effects())
+    assert effects == [("s1", "c1"), ("s1", "n1")]
+    pruner = start_worker(run_durably, pg_dsn, "--prune-done-older-than", "0s")
+    pruner.wait_for(pruner.said(r"pruned 2 finished run"), what="the prune")
+    assert pruner.stop() == 0, pruner.output
+    assert phases(pg_dsn) == {}

@@ -105,7 +105,7 @@ async def an_agent_run_ends_in_a_typed_outcome(agent: durably.Agent) -> None:
     """``run``, ``resume`` and their sync twins return an ``Outcome`` with typed fields."""
     outcome = await agent.run("refund order 1042", run_id="r-1")
     assert_type(outcome, durably.Outcome)
-    assert_type(outcome.status, Literal["done", "paused"])
+    assert_type(outcome.status, Literal["done", "paused", "cancelled"])
     assert_type(outcome.answer, str | None)
     assert_type(outcome.dollars, float)
     assert_type(outcome.state, RunState)

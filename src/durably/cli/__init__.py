@@ -1,8 +1,8 @@
 """The ``durably`` command: run the triage demo, inspect checkpoints, list runs, sweep.
 
 One module per command group (:mod:`.triage`, :mod:`.runs`, :mod:`.sweep`,
-:mod:`.worker`, :mod:`.person`); this one builds the parser and maps errors to
-exit codes.
+:mod:`.worker`, :mod:`.person`, :mod:`.housekeeping`); this one builds the parser
+and maps errors to exit codes.
 
 Exit codes (also in ``durably --help``):
 
@@ -57,6 +57,7 @@ COMMANDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runs", "add_runs_command", ("runs",)),
     ("worker", "add_worker_commands", ("worker", "submit", "workers")),
     ("person", "add_person_commands", ("pending", "answer", "resume", "console")),
+    ("housekeeping", "add_housekeeping_commands", ("cancel", "prune")),
 )
 """Where each command's parser comes from: (module of this package, its function, the
 commands it adds), in the order ``durably --help`` lists them."""

@@ -7,18 +7,24 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..storechoice import StoreChoice
+
 __all__ = [
     "EPILOG",
+    "choose_store",
     "dsn_option",
+    "duration",
     "non_negative_int",
     "output_file",
     "positive_amount",
     "positive_int",
     "run_id",
     "state_option",
+    "store_options",
 ]
 
 EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 3 paused (waiting for a person),
@@ -151,3 +157,63 @@ def _has_password(dsn: str) -> bool:
         return bool(conninfo_to_dict(dsn).get("password"))
     except ProgrammingError:  # malformed: psycopg names the problem when it connects
         return "password" in dsn
+
+
+def store_options(command: argparse.ArgumentParser) -> None:
+    """Give ``command`` the person's ``--state DIR`` (its runs in ``DIR/runs``) and ``--dsn``."""
+    command.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="the demo's state directory (its runs live in DIR/runs)",
+    )
+    dsn_option(
+        command,
+        "PostgreSQL connection string, no password in it (default: $DURABLY_DSN)",
+        from_environment=True,
+    )
+
+
+def choose_store(args: argparse.Namespace) -> StoreChoice:
+    """The store the arguments name: a directory ``STORE``, else ``--state``, else ``--dsn``.
+
+    With none of them, ``.durably``'s runs.
+
+    Raises:
+        ValueError: the named directory does not exist (nothing is created by a
+            command that only reads, answers or cleans up).
+    """
+    if getattr(args, "store", None):
+        directory = Path(args.store)
+    elif args.state is not None:
+        directory = args.state / "runs"
+    elif args.dsn:
+        return StoreChoice(dsn=args.dsn)
+    else:
+        directory = Path(".durably") / "runs"
+    if not directory.is_dir():
+        hint = (
+            " (it is the demo's layout: --state DIR reads DIR/runs)"
+            if args.state is not None
+            else ""
+        )
+        raise ValueError(
+            f"no store at {directory}: the directory does not exist{hint}; give the directory "
+            "your FileStore or JournalStore writes to, --state DIR, or --dsn for Postgres"
+        )
+    return StoreChoice(directory=directory)
+
+
+_DURATION = re.compile(r"(\d+)([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def duration(text: str) -> timedelta:
+    """An argparse type: a length of time, ``30d``, ``12h``, ``90m``, ``45s`` or ``1d12h``."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: write a whole number and a unit, d (days), h (hours), "
+            "m (minutes) or s (seconds), e.g. 30d, 12h, 90m, 45s or 1d12h"
+        )
+    return timedelta(seconds=sum(int(number) * _UNIT_SECONDS[unit] for number, unit in parts))

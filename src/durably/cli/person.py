@@ -18,12 +18,11 @@ import argparse
 import errno
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._exit import EXIT, print_error
 from ..storechoice import StoreChoice, opened_store
-from ._args import dsn_option, positive_int
+from ._args import choose_store, positive_int, store_options
 from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
@@ -37,34 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["add_person_commands", "choose_store", "load_factory"]
 
 Handler = Callable[[argparse.Namespace, "Console", "Console"], int]
-
-
-def choose_store(args: argparse.Namespace) -> StoreChoice:
-    """The store the arguments name (see the module docstring for the order).
-
-    Raises:
-        ValueError: the named directory does not exist (nothing is created by a
-            command that only reads or answers).
-    """
-    if getattr(args, "store", None):
-        directory = Path(args.store)
-    elif args.state is not None:
-        directory = args.state / "runs"
-    elif args.dsn:
-        return StoreChoice(dsn=args.dsn)
-    else:
-        directory = Path(".durably") / "runs"
-    if not directory.is_dir():
-        hint = (
-            " (it is the demo's layout: --state DIR reads DIR/runs)"
-            if args.state is not None
-            else ""
-        )
-        raise ValueError(
-            f"no store at {directory}: the directory does not exist{hint}; give the directory "
-            "your FileStore or JournalStore writes to, --state DIR, or --dsn for Postgres"
-        )
-    return StoreChoice(directory=directory)
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -315,6 +286,14 @@ def _cmd_resume(args: argparse.Namespace, console: Console, errors: Console) -> 
             highlight=False,
         )
         return EXIT["paused"]
+    if outcome.status == "cancelled":
+        # As resuming a run cancelled before this open: finished, not done (exit 1).
+        print_error(
+            errors,
+            f"run {outcome.run_id!r} was cancelled (`durably cancel`) after {outcome.turns} "
+            f"turns, ${outcome.dollars:.4f}; it is finished and never resumed",
+        )
+        return EXIT["failed"]
     console.print(
         f"done: {outcome.run_id}, {outcome.turns} turns, ${outcome.dollars:.4f}", highlight=False
     )
@@ -369,20 +348,6 @@ def _cmd_console(args: argparse.Namespace, console: Console, errors: Console) ->
 # -- registration ------------------------------------------------------------------------
 
 
-def _store_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--state",
-        type=Path,
-        default=None,
-        help="the demo's state directory (its runs live in DIR/runs)",
-    )
-    dsn_option(
-        command,
-        "PostgreSQL connection string, no password in it (default: $DURABLY_DSN)",
-        from_environment=True,
-    )
-
-
 _STORE_HELP = "the directory your FileStore/JournalStore writes to (default: .durably/runs)"
 
 
@@ -390,7 +355,7 @@ def add_person_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     """Register ``pending``, ``answer``, ``resume`` and ``console`` on the ``durably`` parser."""
     pending = commands.add_parser("pending", help="list every question waiting for a person")
     pending.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
-    _store_options(pending)
+    store_options(pending)
     pending.add_argument("--json", action="store_true", help="print the questions as JSON")
     pending.set_defaults(handler=_cmd_pending)
 
@@ -405,7 +370,7 @@ def add_person_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help="yes/no for an approval, rerun/done for an in-doubt call",
     )
     answer_cmd.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
-    _store_options(answer_cmd)
+    store_options(answer_cmd)
     answer_cmd.add_argument("--reason", help="with no: the reason the model sees")
     answer_cmd.add_argument("--result", help="with done: what the call returned")
     answer_cmd.set_defaults(handler=_cmd_answer)
@@ -415,7 +380,7 @@ def add_person_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     resume.add_argument(
         "store", nargs="?", metavar="STORE", help="use this directory instead of the agent's store"
     )
-    _store_options(resume)
+    store_options(resume)
     resume.add_argument(
         "--agent",
         required=True,
@@ -431,7 +396,7 @@ def add_person_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "console", help="a local web page: runs, timelines, questions to answer"
     )
     console_cmd.add_argument("store", nargs="?", metavar="STORE", help=_STORE_HELP)
-    _store_options(console_cmd)
+    store_options(console_cmd)
     console_cmd.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
     console_cmd.add_argument("--port", type=int, default=8470, help="port (default: 8470; 0: any)")
     console_cmd.add_argument(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._exit import EXIT, print_error
-from ._args import dsn_option, positive_amount, positive_int
+from ._args import dsn_option, duration, positive_amount, positive_int
 from ._importpath import make_current_directory_importable
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
                 imports=args.imports,
                 say=console.print,
                 database_wait=args.wait_for_database,
+                prune_older_than=args.prune_done_older_than,
             )
         )
     except ValueError as exc:
@@ -135,6 +136,14 @@ def add_worker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="SECONDS",
         help="at start, wait this long for the database to accept connections, trying again "
         "with backoff (default: 300); then give up with exit status 1",
+    )
+    worker.add_argument(
+        "--prune-done-older-than",
+        type=duration,
+        default=None,
+        metavar="AGE",
+        help="also delete finished runs (done, cancelled) last saved longer ago than AGE "
+        "(30d, 12h, 90m, 45s), at start and then hourly; never a run a live lease holds",
     )
     worker.set_defaults(handler=_cmd_worker)
 

@@ -49,7 +49,7 @@ from openai.types.responses import (
 from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Event, Limits, Outcome, RunSession, shielded
-from ..errors import DurablyError
+from ..errors import DurablyError, RunCancelled
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
@@ -681,7 +681,8 @@ class WorkerAgent(frontend.Delegating):
         return await self._drive(handle, state, fresh=False)
 
     async def _drive(self, handle: RunHandle, state: RunState, *, fresh: bool) -> Outcome:
-        with contextlib.suppress(RunPaused):  # saved as paused: the outcome says so
+        # Saved as paused, or as cancelled (`durably cancel`): the outcome says so.
+        with contextlib.suppress(RunPaused, RunCancelled):
             await self.runner._drive(  # noqa: SLF001 - the runner's own seam, kept private
                 self.agent,
                 handle,

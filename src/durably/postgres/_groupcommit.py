@@ -34,8 +34,8 @@ class _Pending:
 
     params: dict[str, Any]
     deadline: float
-    outcome: asyncio.Future[bool | None]
-    """True: it landed; False: fenced (nothing written); None: send it again alone."""
+    outcome: asyncio.Future[tuple[bool, bool] | None]
+    """(landed, cancel asked): see :meth:`GroupCommit.save`; None: send it again alone."""
 
 
 def _handed_back(pending: _Pending) -> bool:
@@ -61,8 +61,11 @@ class GroupCommit:
         """Runs with a save statement in flight."""
         self._groups: set[asyncio.Task[None]] = set()
 
-    async def save(self, params: dict[str, Any], deadline: float) -> bool:
-        """Send one run's save (see :meth:`PostgresRun.save`): True if it landed, False if fenced.
+    async def save(self, params: dict[str, Any], deadline: float) -> tuple[bool, bool]:
+        """Send one run's save (see :meth:`PostgresRun.save`): (landed, cancel asked).
+
+        Landed False: fenced, nothing written. Cancel asked: the row holds a
+        ``durably cancel`` request for its owner.
 
         Group commit: a save goes at once while fewer than :data:`SAVES_IN_FLIGHT`
         save statements are in flight; otherwise it waits, and the saves waiting
@@ -100,7 +103,7 @@ class GroupCommit:
             runs = await self._connections.run(
                 _sql.saving([params]), what="saving", run_id=run_id, until=deadline
             )
-            return run_id in runs
+            return run_id in runs, runs.get(run_id, False)
         finally:
             self._saving -= 1
             self._sending.discard(run_id)
@@ -141,7 +144,7 @@ class GroupCommit:
 
     async def _send_group(self, group: list[_Pending]) -> None:
         """One try of one statement for the group; each waiting save learns its own row's fate."""
-        landed: set[str] | None = None
+        landed: _sql.Landed | None = None
         try:
             landed = await self._connections.attempt(
                 _sql.saving([p.params for p in group]), min(p.deadline for p in group)
@@ -159,8 +162,9 @@ class GroupCommit:
         finally:
             for pending in group:
                 if not pending.outcome.done():
+                    run_id = pending.params["run_id"]
                     pending.outcome.set_result(
-                        None if landed is None else pending.params["run_id"] in landed
+                        None if landed is None else (run_id in landed, landed.get(run_id, False))
                     )
                 if not _handed_back(pending):
                     self._sending.discard(pending.params["run_id"])

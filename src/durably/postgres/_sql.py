@@ -16,10 +16,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACQUIRE",
+    "CANCEL_ASK",
+    "CANCEL_LOCK",
+    "CANCEL_NOW",
     "CREATE",
     "CREATED_MINE",
     "HOLDER",
     "LIST",
+    "PRUNE",
+    "PRUNE_OWNED",
     "READ",
     "RELEASE",
     "RENEW",
@@ -28,6 +33,7 @@ __all__ = [
     "SAVE_STATE",
     "STORED",
     "WHY_NOT",
+    "Landed",
     "fetchone",
     "saving",
 ]
@@ -81,13 +87,13 @@ WITH saved AS (
         turns = %(turns)s, dollars = %(dollars)s, resumes = %(resumes)s
     WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
       AND seq IN (%(seq)s - 1, %(seq)s)
-    RETURNING run_id
+    RETURNING run_id, cancel_requested IS NOT NULL AS cancel
 ), added AS (
     INSERT INTO durably_changes (run_id, seq, change)
     SELECT run_id, %(seq)s, %(change)s FROM saved
     ON CONFLICT (run_id, seq) DO NOTHING
 )
-SELECT run_id FROM saved
+SELECT run_id, cancel FROM saved
 """
 """One run's save as its change: the row's ``seq`` moves on and the change is a new row of
 ``durably_changes``, in one statement and one commit, conditional on the token and the
@@ -103,11 +109,11 @@ WITH saved AS (
         turns = %(turns)s, dollars = %(dollars)s, resumes = %(resumes)s
     WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
       AND seq IN (%(seq)s - 1, %(seq)s)
-    RETURNING run_id
+    RETURNING run_id, cancel_requested IS NOT NULL AS cancel
 ), dropped AS (
     DELETE FROM durably_changes AS c USING saved WHERE c.run_id = saved.run_id
 )
-SELECT run_id FROM saved
+SELECT run_id, cancel FROM saved
 """
 """One run's save as a new snapshot: the whole state, and the run's changes deleted, in
 one statement conditional on the token, the lease and the save number as
@@ -128,7 +134,8 @@ WITH v AS (
     FROM v
     WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
       AND r.seq IN (v.seq - 1, v.seq)
-    RETURNING r.run_id, v.seq, v.state IS NOT NULL AS whole, v.change
+    RETURNING r.run_id, v.seq, v.state IS NOT NULL AS whole, v.change,
+              r.cancel_requested IS NOT NULL AS cancel
 ), dropped AS (
     DELETE FROM durably_changes AS c USING saved
     WHERE saved.whole AND c.run_id = saved.run_id
@@ -137,12 +144,13 @@ WITH v AS (
     SELECT run_id, seq, change FROM saved WHERE NOT saved.whole
     ON CONFLICT (run_id, seq) DO NOTHING
 )
-SELECT run_id FROM saved
+SELECT run_id, cancel FROM saved
 """
 """The saves of several runs in one statement and one commit, each row conditional on its
 own token, lease and save number exactly as a lone save's is; the result names the rows
-that landed. A save with a ``state`` is a snapshot, as :data:`SAVE_STATE` writes one;
-the others are changes, as :data:`SAVE_CHANGE` writes one."""
+that landed, each with whether ``durably cancel`` asked its owner to stop. A save with a
+``state`` is a snapshot, as :data:`SAVE_STATE` writes one; the others are changes, as
+:data:`SAVE_CHANGE` writes one."""
 
 RENEW = """
 UPDATE durably_runs SET expires_at = now() + %(lease)s
@@ -162,13 +170,74 @@ WHERE run_id = %(run_id)s
 """Who holds a run's lease now (its owner, token, and whether it is live): to word
 ``LeaseLost`` once a save or renewal found the lease gone."""
 
+CANCEL_LOCK = """
+SELECT phase, coalesce(expires_at > now(), false), task, created_at, agent
+FROM durably_runs WHERE run_id = %(run_id)s
+FOR UPDATE
+"""
+"""A run's phase, whether a live lease holds it, and what a queued run has: the row locked
+until the cancel's transaction ends, so no claim, save or acquisition lands meanwhile."""
+
+CANCEL_ASK = """
+UPDATE durably_runs SET cancel_requested = coalesce(cancel_requested, now())
+WHERE run_id = %(run_id)s
+"""
+"""Ask the owner of a run a live lease holds to stop: its next save returns the request."""
+
+CANCEL_NOW = """
+WITH saved AS (
+    UPDATE durably_runs
+    SET state = %(state)s, state_seq = %(seq)s, seq = %(seq)s, phase = 'cancelled',
+        saved_at = now(), token = token + 1, owner = NULL, expires_at = NULL,
+        cancel_requested = coalesce(cancel_requested, now()),
+        turns = %(turns)s, dollars = %(dollars)s, resumes = %(resumes)s
+    WHERE run_id = %(run_id)s
+    RETURNING run_id
+)
+DELETE FROM durably_changes AS c USING saved WHERE c.run_id = saved.run_id
+"""
+"""Save a run nobody holds as cancelled: a new snapshot, its changes deleted, and the token
+moved on, so a stalled earlier owner's save or renewal can never land after it."""
+
+PRUNE = """
+WITH doomed AS (
+    SELECT run_id FROM durably_runs
+    WHERE phase IN ('done', 'cancelled')
+      AND saved_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+      AND (expires_at IS NULL OR expires_at <= now())
+    ORDER BY saved_at, run_id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), changes AS (
+    DELETE FROM durably_changes AS c USING doomed WHERE c.run_id = doomed.run_id
+)
+DELETE FROM durably_runs AS r USING doomed WHERE r.run_id = doomed.run_id
+RETURNING r.run_id
+"""
+"""Delete up to ``batch`` finished runs saved ``older_than`` before ``now`` (default: the
+database clock's) that no live lease holds,
+with their changes, in one statement (one transaction: each run whole or gone). Rows
+another transaction has locked (a cancel, a claim) are skipped, left for the next prune."""
+
+PRUNE_OWNED = """
+SELECT run_id FROM durably_runs
+WHERE phase IN ('done', 'cancelled') AND expires_at > now()
+  AND saved_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+ORDER BY run_id
+"""
+"""Finished runs old enough to prune that a live lease still holds (their owner is closing)."""
+
 READ = f"SELECT r.run_id, {STORED} FROM durably_runs AS r WHERE r.run_id = ANY(%(run_ids)s)"  # noqa: S608 -- built from this module's constants only
 LIST = "SELECT run_id FROM durably_runs WHERE state IS NOT NULL"
 
 
+Landed = dict[str, bool]
+"""The runs whose saves landed, each with whether a cancel was requested for it."""
+
+
 def saving(
     saves: list[dict[str, Any]],
-) -> Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[set[str]]]:
+) -> Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[Landed]]:
     """The statement that sends ``saves`` (of distinct runs): it returns the runs that landed.
 
     One save goes as :data:`SAVE_CHANGE` or :data:`SAVE_STATE`; several as
@@ -178,9 +247,9 @@ def saving(
         params = saves[0]
         statement = SAVE_STATE if params["change"] is None else SAVE_CHANGE
 
-        async def one(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+        async def one(conn: AsyncConnection[tuple[Any, ...]]) -> Landed:
             cursor = await conn.execute(statement, params)
-            return {str(row[0]) for row in await cursor.fetchall()}
+            return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
 
         return one
     columns = {
@@ -195,9 +264,9 @@ def saving(
         "resumes": [p["resumes"] for p in saves],
     }
 
-    async def many(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+    async def many(conn: AsyncConnection[tuple[Any, ...]]) -> Landed:
         cursor = await conn.execute(SAVE_MANY, columns)
-        return {str(row[0]) for row in await cursor.fetchall()}
+        return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
 
     return many
 

@@ -177,6 +177,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        version=6,
+        description="cancel requests, and the finished runs prune deletes by age",
+        # durably cancel sets cancel_requested on a run a live lease holds; its owner's
+        # next save returns it and the engine ends the run as cancelled. A run nobody
+        # holds is saved as cancelled at once (phase 'cancelled', which no claim picks).
+        # prune deletes finished runs oldest first: the index keeps that a range scan.
+        sql="""
+        ALTER TABLE durably_runs ADD COLUMN cancel_requested timestamptz;
+        CREATE INDEX durably_runs_finished ON durably_runs (saved_at)
+            WHERE phase IN ('done', 'cancelled');
+        """,
+    ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
 

@@ -40,7 +40,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ..checkpoint.delta import Changes
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from ..listing import Listing
+    from ..stores import CancelOutcome, PruneReport
 
     Pool = AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]
 
@@ -277,6 +278,27 @@ class PostgresStore:
 
         return await list_summaries(self)
 
+    async def cancel(self, run_id: str) -> CancelOutcome:
+        """Stop ``run_id`` (see :class:`~durably.stores.Housekeeping`).
+
+        At once when no live lease holds it (a queued run too: no worker will claim
+        it), else after its owner's current save. Raises ``RunNotFound`` when there is
+        no such run.
+        """
+        from .housekeeping import cancel
+
+        return await cancel(self, run_id)
+
+    async def prune(self, *, older_than: timedelta, now: datetime | None = None) -> PruneReport:
+        """Delete finished runs last saved ``older_than`` before ``now``, with their changes.
+
+        ``now`` None: the database clock. Never a run a live lease holds; a few
+        hundred runs a transaction (see :class:`~durably.stores.Housekeeping`).
+        """
+        from .housekeeping import prune
+
+        return await prune(self, older_than=older_than, now=now)
+
     @property
     def where(self) -> str:
         """The database, for messages: ``postgresql://host:port/dbname``, no password."""
@@ -393,6 +415,8 @@ class PostgresRun:
         self._snapshot_bytes = 0
         self._change_bytes = 0
         """The changes' bytes since the snapshot: a snapshot is due when they outgrow it."""
+        self._cancel_asked = False
+        """Whether the last save's statement found a ``durably cancel`` request on the row."""
         self._renewal = asyncio.create_task(self._renew_forever(), name=f"durably-renew-{run_id}")
 
     @property
@@ -413,6 +437,13 @@ class PostgresRun:
     def token(self) -> int:
         """The fencing token of this handle's lease."""
         return self._token
+
+    def cancel_requested(self) -> bool:
+        """Whether ``durably cancel`` asked this run to stop, as the last save's row said.
+
+        Costs nothing: every save's statement returns the request with its row.
+        """
+        return self._cancel_asked
 
     @property
     def lost(self) -> str | None:
@@ -465,7 +496,7 @@ class PostgresRun:
             **_summary(state),
         }
         try:
-            landed = await store._group.save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
+            landed, self._cancel_asked = await store._group.save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
         except SaveFailed:
             self._mark_lost("a save could not reach the database before the lease ran out")
             raise

@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +51,7 @@ from ..errors import (
     DurablyError,
     LeaseLost,
     ReplayMismatch,
+    RunCancelled,
     RunError,
     UnsafePath,
 )
@@ -215,6 +217,10 @@ class WorkReport:
     """Runs that stopped on a transient error; they are claimed again later."""
     interrupted: int = 0
     """Runs cancelled by the stop, their leases freed for the next worker."""
+    cancelled: int = 0
+    """Runs ``durably cancel`` stopped: each ended as ``cancelled`` after a save."""
+    pruned: int = 0
+    """Finished runs this worker's pruning deleted (``prune_older_than``)."""
 
 
 async def work(
@@ -224,6 +230,8 @@ async def work(
     concurrency: int = 4,
     stop: asyncio.Event,
     poll: float = 0.5,
+    prune_older_than: timedelta | None = None,
+    prune_every: timedelta = timedelta(hours=1),
 ) -> WorkReport:
     """Claim and carry on runs until ``stop`` is set; return what was done.
 
@@ -234,14 +242,27 @@ async def work(
         stop: set it to stop; runs in flight are cancelled after their current save
             and their leases freed.
         poll: seconds between looks for work when there is none (or no free slot).
+        prune_older_than: if set, prune finished runs last saved longer ago than this
+            (``store.prune``) at start and then every ``prune_every``.
+        prune_every: how often to prune.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if prune_every <= timedelta(0):
+        raise ValueError(f"prune_every must be positive, got {prune_every}")
     report = WorkReport()
     running: set[asyncio.Task[None]] = set()
     stopping = asyncio.ensure_future(stop.wait())
     beating = asyncio.create_task(
         _beat(store, registry.names(), concurrency), name="durably-worker-heartbeat"
+    )
+    pruning = (
+        asyncio.create_task(
+            _prune_forever(store, prune_older_than, prune_every, report),
+            name="durably-worker-prune",
+        )
+        if prune_older_than is not None
+        else None
     )
     try:
         while not stop.is_set():
@@ -274,6 +295,9 @@ async def work(
         if running:
             await asyncio.wait(list(running))
         await asyncio.wait([beating])
+        if pruning is not None:  # a batch is one statement: cancelled, it lands or not
+            pruning.cancel()
+            await asyncio.wait([pruning])
         await shielded(_retire(store))
     return report
 
@@ -347,6 +371,9 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
             report.interrupted += 1
             log.info("stopped %s; its lease is freed for another worker", run_id)
             raise
+        except RunCancelled:  # a front end that raises it rather than returning the outcome
+            report.cancelled += 1
+            log.info("cancelled %s (durably cancel)", run_id)
         except LeaseLost as exc:
             report.lease_lost += 1
             log.warning("%s (%s)", exc, handle.store.where)
@@ -411,11 +438,37 @@ def _count(outcome: Outcome, report: WorkReport) -> None:
     if outcome.status == "done":
         report.done += 1
         log.info("done %s after %d turns", outcome.run_id, outcome.turns)
+    elif outcome.status == "cancelled":
+        report.cancelled += 1
+        log.info("cancelled %s after %d turns (durably cancel)", outcome.run_id, outcome.turns)
     else:
         report.paused += 1
         log.info(
             "paused %s: %d question(s) wait for a person", outcome.run_id, len(outcome.pending)
         )
+
+
+async def _prune_forever(
+    store: PostgresStore, older_than: timedelta, every: timedelta, report: WorkReport
+) -> None:
+    """Prune finished runs older than ``older_than`` now and every ``every``; never raises."""
+    while True:
+        try:
+            pruned = await store.prune(older_than=older_than)
+        except Exception as exc:  # an outage or a refused privilege: say so, try next period
+            if not isinstance(exc, DurablyError) and not _is_database_error(exc):
+                raise
+            log.warning("could not prune finished runs in %s: %s", store.where, exc)
+        else:
+            report.pruned += len(pruned.pruned)
+            if pruned.pruned or pruned.owned:
+                log.info(
+                    "pruned %d finished run(s) older than %s; %d still held by their owner",
+                    len(pruned.pruned),
+                    older_than,
+                    len(pruned.owned),
+                )
+        await asyncio.sleep(every.total_seconds())
 
 
 async def _park(handle: PostgresRun, reason: str) -> None:
@@ -449,6 +502,7 @@ async def serve(
     imports: Iterable[str] = (),
     say: Callable[[str], None] = print,
     database_wait: float = 300.0,
+    prune_older_than: timedelta | None = None,
 ) -> WorkReport:
     """``durably worker``: serve the default registry and the installed hooks' agents until SIGTERM.
 
@@ -457,10 +511,10 @@ async def serve(
     demo's among them), given ``state_dir``. SIGTERM and SIGINT set the stop
     event: runs in flight finish their current save and free their leases before
     this returns. A database that does not answer yet is waited for, with backoff, for
-    up to ``database_wait`` seconds (:func:`wait_for_database`).
+    up to ``database_wait`` seconds (:func:`wait_for_database`). With
+    ``prune_older_than``, finished runs older than that are pruned at start and hourly.
     """
     import signal
-    from datetime import timedelta
 
     _log_to_stderr()
     import_agents(imports)
@@ -484,14 +538,21 @@ async def serve(
                 f"worker {store.owner}: {concurrency} at a time, agents: "
                 f"{', '.join(serving.names())}; database {store.where}"
             )
-            report = await work(store, registry=serving, concurrency=concurrency, stop=stop)
+            report = await work(
+                store,
+                registry=serving,
+                concurrency=concurrency,
+                stop=stop,
+                prune_older_than=prune_older_than,
+            )
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     say(
         f"stopped: {report.claimed} claimed, {report.done} done, {report.paused} paused, "
         f"{report.interrupted} handed back, {report.lease_lost} lost to another worker, "
-        f"{report.parked} parked, {report.failed} failed"
+        f"{report.parked} parked, {report.failed} failed, {report.cancelled} cancelled"
+        + (f", {report.pruned} pruned" if prune_older_than is not None else "")
     )
     return report
 

@@ -48,6 +48,7 @@ from pydantic_core import to_json
 from .. import _declarations, faults, frontend
 from ..approval import Approver, ScriptedApprover
 from ..engine import Decisions, Event, Limits, Outcome, RunSession, shielded
+from ..errors import RunCancelled
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
@@ -566,8 +567,8 @@ class WorkerAgent(frontend.Delegating):
         token = _GIVEN.set(given)
         try:
             await self.agent.run(given.state.task, run_id=given.handle.run_id, **self.run_options)
-        except RunPaused:
-            pass  # saved as paused with its questions: the outcome says so
+        except (RunPaused, RunCancelled):
+            pass  # saved as paused with its questions, or as cancelled: the outcome says so
         finally:
             _GIVEN.reset(token)
         if not given.taken:  # pragma: no cover - worker_agent found the capability

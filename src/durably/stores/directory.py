@@ -14,11 +14,13 @@ journal generation (``WrongStore``).
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Self
 
 from ..errors import WrongStore
 from ..state import RunState
+from . import CancelOutcome, PruneReport
 from .file import FileRun, FileStore
 from .journal import JournalStore
 
@@ -60,6 +62,20 @@ class DirectoryStore:
     def describe(self, run_id: str) -> str:
         """The path of the run's state file."""
         return self._journal.describe(run_id)
+
+    async def cancel(self, run_id: str) -> CancelOutcome:
+        """Stop ``run_id`` (see :meth:`FileStore.cancel`), saved by the store that wrote it."""
+        try:
+            return await self._snapshot.cancel(run_id)
+        except WrongStore:
+            return await self._journal.cancel(run_id)
+
+    async def prune(self, *, older_than: timedelta, now: datetime | None = None) -> PruneReport:
+        """Delete finished runs saved before ``now - older_than`` (see :meth:`FileStore.prune`).
+
+        The journal store reads both layouts, and a prune only reads before it deletes.
+        """
+        return await self._journal.prune(older_than=older_than, now=now)
 
     async def close(self) -> None:
         """Close the directory descriptors (see :meth:`FileStore.close`)."""

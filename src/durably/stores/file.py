@@ -3,8 +3,10 @@
 Layout of the state directory (mode 0700)::
 
     <run>.json     the run's state in a checksummed envelope (0600)
-    <run>.lock     flock'ed by the process that owns the run (0600); never deleted
+    <run>.lock     flock'ed by the process that owns the run (0600); deleted only by prune
+    <run>.cancel   ``durably cancel`` asks the owner to stop (0600, empty)
     .<run>.<16 hex>.tmp   a save in progress; removed by the run's next owner
+    .<run>.pruned  a pruned run's state, renamed: the run is gone, its files going
 
 Every save follows the crash-atomic protocol (:func:`durably._sysio.replace_file`,
 shared with the workspace): write a temp file in the same directory (created
@@ -12,20 +14,36 @@ shared with the workspace): write a temp file in the same directory (created
 the directory. At any instant the disk holds the old state or
 the new one. A failed fsync means the save failed: the descriptor is never
 synced again and the handle refuses further saves.
+
+The store is also :class:`~durably.stores.Housekeeping`: :meth:`FileStore.cancel`
+and :meth:`FileStore.prune` (docs/design.md, "Cancel and prune on the file stores").
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Self, TypeVar
 
-from .._sysio import FileSystem
+from .. import faults
+from .._sysio import FileSystem, logger
 from ..checkpoint.envelope import Opened, Sealer, open_sealed
-from ..errors import CheckpointCorrupt, Locked, RunExists, RunNotFound, WrongStore
-from ..keys import validate_run_id
-from ..state import RunState, utcnow
-from .rundir import LOCK_SUFFIX, STATE_SUFFIX, Claim, RunDirectory, off_the_loop
+from ..errors import (
+    CheckpointCorrupt,
+    DurablyError,
+    Locked,
+    RunExists,
+    RunNotFound,
+    SaveFailed,
+    WrongStore,
+)
+from ..keys import RUN_ID_PATTERN, validate_run_id
+from ..state import Phase, RunState, utcnow
+from . import CancelOutcome, PruneReport
+from .rundir import LOCK_SUFFIX, STATE_SUFFIX, Claim, RunDirectory, off_the_loop, tombstone_name
 
 __all__ = ["FileRun", "FileStore"]
 
@@ -136,6 +154,15 @@ class FileStore:
             handle.close_sync()
             directory.refuse_symlink(run_id + _STATE_SUFFIX)
             raise RunExists(run_id=run_id)
+        try:
+            # An ID used again after a prune: what a killed prune left of the old run
+            # goes first (a journal run's new log must never meet an old one), and a
+            # request to cancel the old run is not one to cancel this new one.
+            directory.finish_tombstone(run_id, remove_lock=False)
+            directory.remove_cancel_request(run_id)
+        except OSError as exc:
+            handle.close_sync()
+            raise directory.translate(exc, run_id + _STATE_SUFFIX, run_id) from exc
         directory.remove_temp_files(run_id)
         directory.remove_orphaned_temp_files()
         try:
@@ -153,6 +180,8 @@ class FileStore:
         lock_name = run_id + _LOCK_SUFFIX
         if self.fs.lstat(run_id + _STATE_SUFFIX, dir_fd=dir_fd) is None:
             directory.refuse_symlink(lock_name)
+            if self.fs.lstat(tombstone_name(run_id), dir_fd=dir_fd) is not None:
+                self._finish_pruned(run_id)  # a prune was killed on this run: it is gone
             raise RunNotFound(run_id=run_id, where=str(self.directory))
         directory.refuse_symlink(run_id + _STATE_SUFFIX)
         # O_CREAT: a power cut may keep the first save's rename but not the lock
@@ -188,6 +217,150 @@ class FileStore:
             for name in names
             if name.endswith(_STATE_SUFFIX) and not name.startswith(".")
         )
+
+    # -- Housekeeping: cancel and prune ------------------------------------------------
+
+    async def cancel(self, run_id: str) -> CancelOutcome:
+        """Stop ``run_id``: at once if nobody owns it, else after its owner's current save.
+
+        A run nobody holds (paused, or its process died) is saved as ``cancelled``
+        under its lock. A held run gets ``<run>.cancel``, created and synced; its
+        owner looks for it after each save with no call in flight and ends the run.
+
+        Raises:
+            RunNotFound: there is no such run.
+        """
+        return await off_the_loop(self.sync, self.cancel_sync, run_id)
+
+    async def prune(self, *, older_than: timedelta, now: datetime | None = None) -> PruneReport:
+        """Delete every finished run (``done``, ``cancelled``) saved before ``now - older_than``.
+
+        Never a run that is not finished, nor one a process holds (reported as
+        ``owned``). Each run is locked and read again first; its state file is
+        renamed to a hidden tombstone (the commit point), then its logs, temp
+        files and cancel request are removed (and synced away), then its lock
+        file and, last, the tombstone.
+        A kill at any instant leaves each run whole or gone; the next prune (or
+        an open of its ID) finishes what a killed one left.
+
+        Args:
+            older_than: how long ago a finished run was last saved, at least.
+            now: the time to count from (timezone-aware); default: now, in UTC.
+        """
+        return await off_the_loop(self.sync, self.prune_sync, older_than, now)
+
+    def cancel_sync(self, run_id: str) -> CancelOutcome:
+        """Blocking form of :meth:`cancel`."""
+        validate_run_id(run_id)
+        if not self.run_directory.is_open and not os.path.lexists(self.directory):
+            raise RunNotFound(run_id=run_id, where=str(self.directory))
+        done = self._cancel_unowned(run_id)
+        if done is not None:
+            return done
+        if self._load(run_id).phase.finished:  # read without the lock: its owner has it
+            return CancelOutcome.FINISHED
+        self.run_directory.request_cancel(run_id, run_id)
+        # The owner may have let go between the two looks and would never see the
+        # request: then the lock is free, and the run is cancelled here after all.
+        done = self._cancel_unowned(run_id)
+        return CancelOutcome.REQUESTED if done is None else done
+
+    def _cancel_unowned(self, run_id: str) -> CancelOutcome | None:
+        """Cancel ``run_id`` under its lock; None when a process holds it."""
+        try:
+            handle, state = self.open_sync(run_id)
+        except Locked:
+            return None
+        try:
+            if state.phase.finished:
+                outcome = CancelOutcome.FINISHED
+            else:
+                state.cancel()
+                handle.save_sync(state)  # removes a request the owner left unserved
+                outcome = CancelOutcome.CANCELLED
+        finally:
+            handle.close_sync()
+        return outcome
+
+    def prune_sync(self, older_than: timedelta, now: datetime | None = None) -> PruneReport:
+        """Blocking form of :meth:`prune`."""
+        cutoff = (now or utcnow()) - older_than
+        if not self.directory.exists() and not self.directory.is_symlink():
+            return PruneReport(pruned=())
+        directory = self.run_directory
+        names = self.fs.listdir(directory.fd())
+        for run_id in directory.tombstones(names):  # left by a prune that was killed
+            self._finish_pruned(run_id)
+        runs = sorted(
+            name[: -len(_STATE_SUFFIX)]
+            for name in names
+            if name.endswith(_STATE_SUFFIX)
+            and not name.startswith(".")
+            and RUN_ID_PATTERN.fullmatch(name[: -len(_STATE_SUFFIX)]) is not None
+        )
+        pruned: list[str] = []
+        owned: list[str] = []
+        for run_id in runs:
+            # A look without the lock first: an unfinished run is never locked here,
+            # so its owner's next open never meets a prune's lock.
+            if not _prunable(self._read_quietly(run_id, names), cutoff):
+                continue
+            lock_fd = directory.lock(run_id + _LOCK_SUFFIX, run_id)
+            if lock_fd is None:
+                owned.append(run_id)
+                continue
+            try:
+                # Read again under the lock: it may have changed since the first look.
+                if _prunable(self._read_quietly(run_id, None), cutoff):
+                    faults.point("store.prune.locked")
+                    self._step(partial(self._bury, run_id), run_id)
+                    pruned.append(run_id)
+            finally:
+                self.fs.close(lock_fd)
+        return PruneReport(pruned=tuple(pruned), owned=tuple(owned))
+
+    def _bury(self, run_id: str) -> None:
+        """Prune one run whose lock is held here (see :meth:`prune`)."""
+        directory = self.run_directory
+        directory.bury(run_id)
+        directory.finish_tombstone(run_id, remove_lock=True)
+
+    def _finish_pruned(self, run_id: str) -> None:
+        """Finish the prune of ``run_id`` whose tombstone is left, unless someone holds it."""
+        directory = self.run_directory
+        lock_fd = directory.lock(run_id + _LOCK_SUFFIX, run_id)
+        if lock_fd is None:
+            return  # a prune (or an open) is finishing it now
+        try:
+            self._step(partial(directory.finish_tombstone, run_id, remove_lock=True), run_id)
+        finally:
+            self.fs.close(lock_fd)
+
+    def _step(self, action: Callable[[], object], run_id: str) -> None:
+        """Run a prune's file operations, a failed system call said as ``SaveFailed``."""
+        try:
+            action()
+        except OSError as exc:
+            raise SaveFailed(
+                run_id=run_id,
+                path=self.describe(run_id),
+                reason=f"pruning it: {os.strerror(exc.errno or 0)} "
+                "(run the prune again: it finishes what it started)",
+            ) from exc
+
+    def _read_quietly(self, run_id: str, names: Sequence[str] | None) -> RunState | None:
+        """The run's state for prune, or None (logged) when it cannot be read: never pruned."""
+        try:
+            return self._read_listed(run_id, names)
+        except RunNotFound:
+            return None
+        except DurablyError as exc:
+            logger("durably.store").warning("prune leaves run %s: %s", run_id, exc)
+            return None
+
+    def _read_listed(self, run_id: str, names: Sequence[str] | None) -> RunState:
+        """:meth:`read_sync`; a store that can use a listing of the directory does."""
+        return self.read_sync(run_id)
 
     async def close(self) -> None:
         """Close the store's directory descriptor.
@@ -309,7 +482,30 @@ class FileRun:
         self.claim.check_usable()
         state.saved_at = utcnow()
         self._write_snapshot(self._sealer.seal(state))
+        self._served(state)
+
+    def cancel_requested(self) -> bool:
+        """Whether ``durably cancel`` asked this owner to stop (one ``lstat``: ``<run>.cancel``)."""
+        return self.claim.directory.cancel_requested(self._run_id)
+
+    def _served(self, state: RunState) -> None:
+        """After a durable save: a cancelled run's request has been served, and goes."""
+        if state.phase is Phase.CANCELLED:
+            self.claim.step(
+                lambda: self.claim.directory.remove_cancel_request(self._run_id),
+                self._run_id + ".cancel",
+            )
 
     def _write_snapshot(self, data: bytes) -> None:
         """Replace the run's snapshot file with ``data`` by the crash-atomic protocol."""
         self.claim.replace(self._run_id + _STATE_SUFFIX, data)
+
+
+def _prunable(state: RunState | None, cutoff: datetime) -> bool:
+    """Whether prune takes a run: finished, and last saved before ``cutoff``."""
+    return (
+        state is not None
+        and state.phase.finished
+        and state.saved_at is not None
+        and state.saved_at < cutoff
+    )

@@ -145,6 +145,10 @@ class JournalStore(FileStore):
             self._listed = None
         return self.read_sync(run_id)
 
+    def _read_listed(self, run_id: str, names: Sequence[str] | None) -> RunState:
+        # Prune reads every run of the directory: with its listing, not one per run.
+        return self.read_sync(run_id) if names is None else self.read_listed_sync(run_id, names)
+
     def _new_handle(self, run_id: str, lock_fd: int) -> JournalRun:
         return JournalRun(self, run_id, lock_fd)
 
@@ -360,12 +364,13 @@ class JournalRun(FileRun):
         state.saved_at = utcnow()
         if self.fresh or self._changes.rewritten(state) or self._log_due():
             self._compact(state)
-            return
-        record, after = self._changes.record(state, self._seq + 1)
-        self._append(frame(record))
-        # Only now, the save durable: what the next record is the change from.
-        self._seq += 1
-        self._changes.saved(after)
+        else:
+            record, after = self._changes.record(state, self._seq + 1)
+            self._append(frame(record))
+            # Only now, the save durable: what the next record is the change from.
+            self._seq += 1
+            self._changes.saved(after)
+        self._served(state)
 
     def _log_due(self) -> bool:
         store = self._journal

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,7 +39,7 @@ from ..errors import LockLost, SaveFailed, UnsafePath
 from ..keys import RUN_ID_PATTERN
 from ._guard import check_parents, check_trusted, describe_kind, open_trusted
 
-__all__ = ["Claim", "RunDirectory", "off_the_loop"]
+__all__ = ["Claim", "RunDirectory", "off_the_loop", "tombstone_name"]
 
 _T = TypeVar("_T")
 _NOFOLLOW = os.O_NOFOLLOW
@@ -46,6 +47,10 @@ STATE_SUFFIX = ".json"
 """A run's (or a thread's) snapshot or header file: ``<stem>.json``."""
 LOCK_SUFFIX = ".lock"
 """A run's lock file, ``<stem>.lock``: flock'ed by its owner, never deleted."""
+CANCEL_SUFFIX = ".cancel"
+"""``<stem>.cancel``: ``durably cancel`` asks the run's owner to stop (empty, 0600)."""
+TOMBSTONE_SUFFIX = ".pruned"
+"""``.<stem>.pruned``: a pruned run's state file, renamed: the run is gone, its files going."""
 _RESERVING_FS = frozenset({"ext4", "xfs"})
 """File systems where writing into reserved space spares the sync a journal commit."""
 
@@ -318,6 +323,107 @@ class RunDirectory:
             directory=str(self.directory),
             stem=stem,
         )
+
+    # -- cancel requests and prune's tombstones (docs/design.md, "Cancel and prune") ------
+
+    def request_cancel(self, stem: str, run_id: str) -> None:
+        """Create ``<stem>.cancel`` (0600) and make it durable: the owner looks for it.
+
+        A request already there is kept: asking twice is asking once.
+        """
+        name = stem + CANCEL_SUFFIX
+        dir_fd = self.fd()
+        try:
+            fd = open_trusted(
+                self.fs, name, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=dir_fd, path=self.path(name)
+            )
+        except OSError as exc:
+            raise self.translate(exc, name, run_id) from exc
+        try:
+            if self.sync:
+                self.fs.fsync(fd)
+                self.fs.fsync(dir_fd)  # the request's name survives a power cut too
+        except OSError as exc:
+            raise self.translate(exc, name, run_id) from exc
+        finally:
+            self.fs.close(fd)
+
+    def cancel_requested(self, stem: str) -> bool:
+        """Whether ``durably cancel`` asked the owner of ``stem`` to stop (one ``lstat``)."""
+        return self.fs.lstat(stem + CANCEL_SUFFIX, dir_fd=self.fd()) is not None
+
+    def remove_cancel_request(self, stem: str) -> None:
+        """Remove ``<stem>.cancel`` if it is there (a served or stale request)."""
+        dir_fd = self.fd()
+        name = stem + CANCEL_SUFFIX
+        # lstat first: the common case (no request) changes nothing on disk.
+        if self.fs.lstat(name, dir_fd=dir_fd) is not None:
+            with suppress(FileNotFoundError):
+                self.fs.unlink(name, dir_fd=dir_fd)
+
+    def tombstones(self, names: Sequence[str]) -> list[str]:
+        """The run IDs of the tombstones among ``names`` (a directory's listing)."""
+        found = []
+        for name in names:
+            if name.startswith(".") and name.endswith(TOMBSTONE_SUFFIX):
+                stem = name[1 : -len(TOMBSTONE_SUFFIX)]
+                if RUN_ID_PATTERN.fullmatch(stem) is not None:
+                    found.append(stem)
+        return sorted(found)
+
+    def bury(self, stem: str) -> None:
+        """Prune's commit point: rename ``<stem>.json`` to its tombstone, sync the directory.
+
+        Before the rename the run is whole; after it the run is gone (listing reads
+        only non-hidden ``*.json``, open finds no state). The sync comes before any
+        of the run's other files is removed: were a power cut to keep those unlinks
+        and undo the rename, a state would be left without its log.
+        """
+        dir_fd = self.fd()
+        self.fs.rename(stem + STATE_SUFFIX, tombstone_name(stem), dir_fd=dir_fd)
+        faults.point("store.prune.renamed")
+        if self.sync:
+            self.fs.fsync(dir_fd)
+        faults.point("store.prune.dir_synced")
+
+    def finish_tombstone(self, stem: str, *, remove_lock: bool) -> bool:
+        """Remove a pruned run's files, then its tombstone; False when it has none.
+
+        The caller holds the run's lock. Logs, temp files and a cancel request go
+        first and are synced away, so a run ID used again never meets an old log:
+        while any of them is left, the tombstone is too, and whoever takes the lock
+        next finishes the job. Then (``remove_lock``: a prune, not a new run of the
+        ID) the lock file, and last the tombstone, so that a kill between the two
+        still leaves the tombstone that says what to finish. A process that opened
+        the old lock file meanwhile finds it gone or replaced before it saves
+        (:meth:`Claim.check_usable`), and stops.
+        """
+        dir_fd = self.fd()
+        tombstone = tombstone_name(stem)
+        if self.fs.lstat(tombstone, dir_fd=dir_fd) is None:
+            return False
+        for name, _ in self.generations(stem, ".log"):
+            with suppress(FileNotFoundError):
+                self.fs.unlink(name, dir_fd=dir_fd)
+            faults.point("store.prune.log_removed")
+        self.remove_temp_files(stem)
+        self.remove_cancel_request(stem)
+        if self.sync:
+            self.fs.fsync(dir_fd)
+        faults.point("store.prune.files_removed")
+        if remove_lock:
+            with suppress(FileNotFoundError):
+                self.fs.unlink(stem + LOCK_SUFFIX, dir_fd=dir_fd)
+            faults.point("store.prune.lock_removed")
+        with suppress(FileNotFoundError):  # a new run of the ID may be finishing it too
+            self.fs.unlink(tombstone, dir_fd=dir_fd)
+        faults.point("store.prune.tombstone_removed")
+        return True
+
+
+def tombstone_name(stem: str) -> str:
+    """The hidden name a pruned run's state file is renamed to: ``.<stem>.pruned``."""
+    return "." + stem + TOMBSTONE_SUFFIX
 
 
 class Claim:
