@@ -49,17 +49,8 @@ from .._sysio import FileSystem
 from ..errors import CheckpointCorrupt, StorageError
 from ..stores.rundir import off_the_loop
 from ._common import SaverForms
-from ._thread import (
-    Blob,
-    Index,
-    Node,
-    Put,
-    ThreadLog,
-    ThreadStore,
-    Writes,
-    frame,
-    value_chain,
-)
+from ._records import Blob, Index, Node, Put, Writes, frame, value_chain
+from ._thread import ThreadLog, ThreadStore
 
 __all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadValueRefused"]
 
