@@ -59,7 +59,8 @@ from ._pg_sql import (
     WRITES,
     migrate_schema,
 )
-from ._saver import PRUNE_STRATEGIES, DurablySaver, StaleThread
+from ._refusals import StaleThread
+from ._saver import PRUNE_STRATEGIES, DurablySaver
 from ._thread import ThreadLocked
 
 if TYPE_CHECKING:
