@@ -1,4 +1,6 @@
-"""The console's HTML, rendered on the server from run states.
+"""The console's pages (runs, questions, one run), rendered on the server from run states.
+
+The building blocks (escaping, cut text, the layout) are :mod:`._html`'s.
 
 Text from the model, the tools and the task reaches the page only through
 :func:`e` (``html.escape`` with quotes), so a reply that contains ``<script>``
@@ -13,16 +15,26 @@ hundreds of megabytes.
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from urllib.parse import quote
 
 from ..decisions import Question, questions
 from ..keys import idempotency_key
 from ..listing import RunSummary, in_phase, lease_text, phase_text
 from ..state import AssistantMessage, Decision, Phase, RunState, ToolResult, UserMessage, age
+from ._html import (
+    SHOWN,
+    FileCheck,
+    Page,
+    block,
+    e,
+    layout,
+    phase_badge,
+    pre,
+    shown_arguments,
+    whole_link,
+)
 
 __all__ = [
     "CONFIRM",
@@ -42,62 +54,8 @@ __all__ = [
     "whole_text",
 ]
 
-SHOWN = 20_000
-"""Characters of one text a page shows before the link to the whole: pages more than a
-screenful of text each are read through the link, and a 100 MB reply rendered whole
-took 23 s and 210 MB of HTML per poll (issue 31)."""
-
-
 TOOL_SAID = "; the tool said: "
 """How the loop joins a tool's ``ToolInDoubt`` text to the ladder's reason in a question's why."""
-
-
-def e(text: object) -> str:
-    """``text`` escaped for HTML, quotes included."""
-    return html.escape(str(text), quote=True)
-
-
-def _pretty(arguments: str) -> str:
-    try:
-        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except ValueError:
-        return arguments
-
-
-def _pre(text: str, *, whole: str, css: str = "") -> str:
-    """Text in a ``<pre>``, cut at :data:`SHOWN` characters with a link to the whole (``whole``)."""
-    attribute = f' class="{css}"' if css else ""
-    if len(text) <= SHOWN:
-        return f"<pre{attribute}>{e(text)}</pre>"
-    rest = len(text) - SHOWN
-    return (
-        f"<pre{attribute}>{e(text[:SHOWN])}</pre>"
-        f'<p class="cut dim">… {rest:,} more characters: '
-        f'<a href="{e(whole)}">the whole text</a></p>'
-    )
-
-
-def _block(text: str, *, label: str, whole: str, css: str = "") -> str:
-    """Text in a ``<pre>``; long text folded in a ``<details>`` that opens on a click."""
-    head = text[: SHOWN + 1]  # a line count of the part shown, not of 100 MB
-    lines = head.splitlines()
-    if len(lines) <= 8 and len(text) <= 600:
-        return _pre(text, whole=whole, css=css)
-    first = (lines[0] if lines else "")[:120]
-    count = (
-        f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
-        if len(text) <= SHOWN
-        else f"{len(text):,} characters"
-    )
-    return (
-        f'<details><summary><code>{e(first)}</code> <span class="dim">… {e(label)}, '
-        f"{count}</span></summary>{_pre(text, whole=whole, css=css)}</details>"
-    )
-
-
-def _arguments(arguments: str) -> str:
-    """Arguments as the page shows them: pretty JSON, unless too long to show whole anyway."""
-    return _pretty(arguments) if len(arguments) <= SHOWN else arguments
 
 
 def whole_text(state: RunState, part: str) -> str | None:
@@ -122,60 +80,6 @@ def whole_text(state: RunState, part: str) -> str | None:
                     if call.id == which:
                         return call.arguments
     return None
-
-
-def _whole(page: Page, run_id: str, part: str) -> str:
-    return f"{page.root}runs/{quote(run_id, safe='')}/text?part={quote(part, safe='')}"
-
-
-def _phase(phase: Phase | str) -> str:
-    return f'<span class="phase phase-{e(phase)}">{e(phase)}</span>'
-
-
-@dataclass(frozen=True, kw_only=True)
-class Page:
-    """What every page shares: the store's name, the root of every link, whether forms show."""
-
-    store: str
-    root: str
-    """The start of every link: ``/t/<token>/`` (the token is the address's)."""
-    read_only: bool
-    notice: str | None = None
-    """An error to show at the top (a refused answer), already worded for a person."""
-    saved: str | None = None
-    """A confirmation to show at the top."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class FileCheck:
-    """One workspace file the run recorded, and what is on disk now."""
-
-    path: str
-    recorded: str
-    status: str
-    """``matches``, ``changed``, ``missing``, or ``not checked``."""
-
-
-def _layout(page: Page, title: str, body: str, version: str) -> str:
-    root = e(page.root)
-    notices = ""
-    if page.notice:
-        notices += f'<div class="notice error" role="alert">{e(page.notice)}</div>'
-    if page.saved:
-        notices += f'<div class="notice ok" role="status">{e(page.saved)}</div>'
-    return (
-        "<!doctype html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{e(title)} · durably</title>"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<link rel="stylesheet" href="{root}static/console.css"></head><body>'
-        f'<header><strong>durably</strong><a href="{root}">runs</a>'
-        f'<a href="{root}questions">questions</a>'
-        f'<span class="store">{e(page.store)}'
-        f"{' · read-only' if page.read_only else ''}</span></header>"
-        f'<main data-version="{e(version)}">{notices}{body}</main>'
-        f'<script src="{root}static/console.js"></script></body></html>'
-    )
 
 
 def locked_page() -> str:
@@ -242,7 +146,7 @@ def runs_page(
             if fleet
             else ""
         )
-        shown_phase = _phase(state.phase) if state.parked is None else e(phase_text(state))
+        shown_phase = phase_badge(state.phase) if state.parked is None else e(phase_text(state))
         rows.append(
             "<tr>"
             f'<td><a href="{e(page.root)}runs/{e(quote(state.run_id))}">{e(state.run_id)}</a></td>'
@@ -263,7 +167,7 @@ def runs_page(
     )
     broken = "".join(f'<div class="notice error">{e(p)}</div>' for p in problems)
     body = f"<h1>Runs</h1>{''.join(filters)}{broken}{table}"
-    return _layout(page, "runs", body, runs_version(runs, problems, phase))
+    return layout(page, "runs", body, runs_version(runs, problems, phase))
 
 
 # -- questions ----------------------------------------------------------------------------
@@ -294,8 +198,8 @@ def _question(page: Page, question: Question, *, with_run: bool) -> str:
         if said:
             why += f'<div class="said">the tool said: <code>{e(said)}</code></div>'
 
-    whole = _whole(page, question.run_id, f"arguments-{question.call_id}")
-    args = _pre(_arguments(question.arguments), whole=whole)
+    whole = whole_link(page, question.run_id, f"arguments-{question.call_id}")
+    args = pre(shown_arguments(question.arguments), whole=whole)
     return (
         f'<div class="question" id="q-{e(question.call_id)}" data-run="{e(question.run_id)}" '
         f'data-call="{e(question.call_id)}">{head}{why}{args}{_forms(page, question)}</div>'
@@ -372,7 +276,7 @@ def questions_page(page: Page, runs: Sequence[RunSummary], problems: Sequence[st
     body = f"<h1>Open questions ({len(blocks)})</h1>{broken}" + (
         "".join(blocks) or '<p class="dim">nothing waits for a person</p>'
     )
-    return _layout(page, "questions", body, questions_version(runs))
+    return layout(page, "questions", body, questions_version(runs))
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -451,16 +355,16 @@ def _timeline(page: Page, state: RunState) -> str:
     parts = []
 
     def whole(part: str) -> str:
-        return _whole(page, state.run_id, part)
+        return whole_link(page, state.run_id, part)
 
     if state.summary:
         parts.append(
             f'<div class="turn"><div class="meta">summary of {state.summarized} earlier '
-            f"messages</div>{_pre(state.summary, whole=whole('summary'))}</div>"
+            f"messages</div>{pre(state.summary, whole=whole('summary'))}</div>"
         )
     for n, message in enumerate(state.messages):
         if isinstance(message, UserMessage):
-            text = _pre(message.text, whole=whole(f"message-{n}"))
+            text = pre(message.text, whole=whole(f"message-{n}"))
             parts.append(f'<div class="turn"><div class="meta">user</div>{text}</div>')
         elif isinstance(message, AssistantMessage):
             calls = "".join(
@@ -472,7 +376,7 @@ def _timeline(page: Page, state: RunState) -> str:
                 f'<div class="turn" id="turn-{message.turn}"><div class="meta">turn '
                 f"{message.turn} · {e(message.model or '')} · {usage.input_tokens} in / "
                 f"{usage.output_tokens} out · ${message.dollars:.4f}</div>"
-                f"{_pre(message.text or '', whole=whole(f'message-{n}'), css='reply')}{calls}</div>"
+                f"{pre(message.text or '', whole=whole(f'message-{n}'), css='reply')}{calls}</div>"
             )
     parts.append(_restarts(state))
     return "".join(parts)
@@ -513,10 +417,10 @@ def _call(
         f'<div><code>{e(name)}</code> <span class="effect-{e(effect)}">{e(effect)}</span> '
         f'<span class="dim">{e(call_id)} · key {e(idempotency_key(state.run_id, call_id))}'
         "</span></div>",
-        _block(
-            _arguments(arguments),
+        block(
+            shown_arguments(arguments),
             label="arguments",
-            whole=_whole(page, state.run_id, f"arguments-{call_id}"),
+            whole=whole_link(page, state.run_id, f"arguments-{call_id}"),
         ),
     ]
     # In the order things happen to a call: the approval (before it may run), the attempt
@@ -553,10 +457,10 @@ def _call(
     if found is not None:
         n, result = found
         label = "error" if result.is_error else "result"
-        whole = _whole(page, state.run_id, f"message-{n}")
+        whole = whole_link(page, state.run_id, f"message-{n}")
         lines.append(
             f'<div class="dim">{label}</div>'
-            + _block(result.content, label=label, whole=whole, css="result")
+            + block(result.content, label=label, whole=whole, css="result")
         )
     doubt = " in-doubt" if marker is not None else ""
     return f'<div class="call{doubt}" id="call-{e(call_id)}">{"".join(lines)}</div>'
@@ -601,7 +505,7 @@ def _task(page: Page, state: RunState) -> str:
     first = state.task[:300].splitlines()[0]
     link = ""
     if first != state.task:
-        href = e(_whole(page, state.run_id, "task"))
+        href = e(whole_link(page, state.run_id, "task"))
         link = f' <a class="cut dim" href="{href}">the whole task</a>'
     return f"<pre>{e(first)}</pre>{link}"
 
@@ -609,7 +513,7 @@ def _task(page: Page, state: RunState) -> str:
 def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) -> str:
     """One run: facts, open questions, spend, timeline, workspace files."""
     facts = [
-        ("phase", _phase(state.phase)),
+        ("phase", phase_badge(state.phase)),
         ("task", _task(page, state)),
         ("turns", str(state.turns)),
         (
@@ -624,8 +528,8 @@ def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) ->
     if state.stop_reason:
         facts.append(("stopped", e(state.stop_reason)))
     if state.answer is not None:
-        whole = _whole(page, state.run_id, "answer")
-        facts.append(("answer", _pre(state.answer, whole=whole, css="answer")))
+        whole = whole_link(page, state.run_id, "answer")
+        facts.append(("answer", pre(state.answer, whole=whole, css="answer")))
     dl = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in facts)
     open_questions = questions(state)
     waiting = ""
@@ -644,10 +548,10 @@ def run_page(page: Page, state: RunState, checks: Sequence[FileCheck] | None) ->
         f"<h2>Timeline</h2>{_timeline(page, state)}"
         f"<h2>Workspace files</h2>{_files(checks)}"
     )
-    return _layout(page, state.run_id, body, version_of([state]))
+    return layout(page, state.run_id, body, version_of([state]))
 
 
 def error_page(page: Page, title: str, message: str) -> str:
     """A page that only says what went wrong."""
     body = f'<h1>{e(title)}</h1><div class="notice error" role="alert">{e(message)}</div>'
-    return _layout(page, title, body, "error")
+    return layout(page, title, body, "error")

@@ -8,6 +8,7 @@ what differs: ``close``, ``claim``, ``release``, ``__aexit__`` and ``_off_loop``
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -26,17 +27,20 @@ __all__ = ["SaverForms"]
 _T = TypeVar("_T")
 
 
-class SaverForms(BaseCheckpointSaver[str]):
+class SaverForms(BaseCheckpointSaver[str], abc.ABC):
     """The context manager and the async forms over a saver's synchronous methods."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Let go of every thread this saver holds and of its resources."""
 
+    @abc.abstractmethod
     def claim(self, thread_id: str) -> None:
-        raise NotImplementedError
+        """Take ``thread_id`` for this saver's writes, or raise if another writer holds it."""
 
+    @abc.abstractmethod
     async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
-        raise NotImplementedError
+        """Run ``function(*arguments)`` off the event loop, as this saver's storage allows."""
 
     # -- lifetime ----------------------------------------------------------------------
 

@@ -48,7 +48,19 @@ from .. import faults
 from ..errors import LeaseLost
 from ..postgres._lease import default_owner
 from ._common import SaverForms
-from ._saver import PRUNE_STRATEGIES, DurablySaver, StaleThread
+from ._pg_sql import (
+    BLOBS,
+    CLAIM,
+    GET,
+    PUT,
+    PUT_WRITES,
+    RELEASE,
+    RENEW,
+    WRITES,
+    migrate_schema,
+)
+from ._refusals import StaleThread
+from ._saver import PRUNE_STRATEGIES, DurablySaver
 from ._thread import ThreadLocked
 
 if TYPE_CHECKING:
@@ -60,109 +72,6 @@ __all__ = ["PostgresThreadSaver"]
 log = logging.getLogger("durably.store")
 
 _T = TypeVar("_T")
-
-_CLAIM = """
-INSERT INTO durably_lg_threads (thread_id, owner, token, expires_at)
-VALUES (%(thread_id)s, %(owner)s, 1, now() + %(lease)s)
-ON CONFLICT (thread_id) DO UPDATE
-SET owner = EXCLUDED.owner, token = durably_lg_threads.token + 1,
-    expires_at = EXCLUDED.expires_at
-WHERE durably_lg_threads.expires_at IS NULL OR durably_lg_threads.expires_at <= now()
-RETURNING token
-"""
-"""Take a thread's lease if it is free or expired; no row back means another holds it."""
-
-_RENEW = """
-UPDATE durably_lg_threads AS t SET expires_at = now() + %(lease)s
-FROM unnest(%(thread_ids)s::text[], %(tokens)s::bigint[]) AS v(thread_id, token)
-WHERE t.thread_id = v.thread_id AND t.token = v.token AND t.expires_at > now()
-RETURNING t.thread_id
-"""
-
-_RELEASE = """
-UPDATE durably_lg_threads SET expires_at = NULL
-WHERE thread_id = %(thread_id)s AND token = %(token)s
-"""
-
-_FENCE = """
-fence AS (
-    SELECT thread_id FROM durably_lg_threads
-    WHERE thread_id = %(thread_id)s AND token = %(token)s AND expires_at > now()
-    FOR SHARE
-)"""
-"""The lease check every write starts with: the thread's row, locked against a takeover
-until the statement commits, only while the token is this saver's and the lease runs."""
-
-PUT = f"""
-WITH {_FENCE}, latest AS (
-    SELECT max(checkpoint_id) AS id FROM durably_lg_checkpoints
-    WHERE thread_id = %(thread_id)s AND ns = %(ns)s
-), ok AS (
-    SELECT fence.thread_id FROM fence, latest
-    WHERE NOT %(check)s OR latest.id IS NULL OR latest.id IS NOT DISTINCT FROM %(parent)s
-), cp AS (
-    INSERT INTO durably_lg_checkpoints
-        (thread_id, ns, checkpoint_id, parent_id, run_id, type, checkpoint, meta_type, metadata)
-    SELECT thread_id, %(ns)s, %(id)s, %(parent)s, %(run_id)s, %(type)s, %(checkpoint)s,
-           %(meta_type)s, %(metadata)s
-    FROM ok
-    ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE
-    SET parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id, type = EXCLUDED.type,
-        checkpoint = EXCLUDED.checkpoint, meta_type = EXCLUDED.meta_type,
-        metadata = EXCLUDED.metadata
-), bl AS (
-    INSERT INTO durably_lg_blobs (thread_id, ns, channel, version, type, data, base)
-    SELECT ok.thread_id, %(ns)s, b.channel, b.version, b.type, b.data, b.base
-    FROM ok, unnest(%(channels)s::text[], %(versions)s::text[], %(types)s::text[],
-                    %(datas)s::bytea[], %(bases)s::text[])
-         AS b(channel, version, type, data, base)
-    ON CONFLICT (thread_id, ns, channel, version) DO NOTHING
-)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ok), (SELECT id FROM latest)
-"""  # noqa: S608 -- built from this module's constants only
-"""A checkpoint and its new channel values, fenced and checked against the latest, in one
-statement: the first count is 0 when the lease is gone, the second when the put is stale."""
-
-PUT_WRITES = f"""
-WITH {_FENCE}, upserted AS (
-    INSERT INTO durably_lg_writes
-        (thread_id, ns, checkpoint_id, task_id, idx, channel, type, data, task_path)
-    SELECT fence.thread_id, %(ns)s, %(checkpoint_id)s, %(task_id)s, w.idx, w.channel,
-           w.type, w.data, %(task_path)s
-    FROM fence, unnest(%(idxs)s::int[], %(channels)s::text[], %(types)s::text[],
-                       %(datas)s::bytea[]) AS w(idx, channel, type, data)
-    ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO {{conflict}}
-)
-SELECT count(*) FROM fence
-"""  # noqa: S608 -- built from this module's constants only
-"""A task's writes, fenced; special writes (idx < 0) replace, regular ones never do."""
-
-_GET = """
-SELECT ns, checkpoint_id, parent_id, type, checkpoint, meta_type, metadata
-FROM durably_lg_checkpoints WHERE thread_id = %(thread_id)s AND ns = %(ns)s
-"""
-
-_BLOBS = """
-WITH RECURSIVE chain AS (
-    SELECT b.channel, b.version, b.type, b.data, b.base, 0 AS depth, b.version AS wanted
-    FROM durably_lg_blobs AS b
-    JOIN unnest(%(channels)s::text[], %(versions)s::text[]) AS w(channel, version)
-      ON b.channel = w.channel AND b.version = w.version
-    WHERE b.thread_id = %(thread_id)s AND b.ns = %(ns)s
-    UNION ALL
-    SELECT b.channel, b.version, b.type, b.data, b.base, c.depth + 1, c.wanted
-    FROM durably_lg_blobs AS b JOIN chain AS c
-      ON b.thread_id = %(thread_id)s AND b.ns = %(ns)s AND b.channel = c.channel
-     AND b.version = c.base
-)
-SELECT channel, type, data, depth FROM chain ORDER BY channel, depth DESC
-"""
-"""The blobs of a checkpoint's channel versions, each with the chain of blobs it extends."""
-
-_WRITES = """
-SELECT task_id, idx, channel, type, data, task_path FROM durably_lg_writes
-WHERE thread_id = %(thread_id)s AND ns = %(ns)s AND checkpoint_id = %(checkpoint_id)s
-"""
 
 
 class PostgresThreadSaver(SaverForms):
@@ -243,7 +152,7 @@ class PostgresThreadSaver(SaverForms):
                 from psycopg import Connection
                 from psycopg_pool import ConnectionPool
 
-                _migrate(self.dsn, self.where)
+                migrate_schema(self.dsn, self.where)
                 opened: ConnectionPool[Connection[tuple[Any, ...]]] = ConnectionPool(
                     self.dsn,
                     connection_class=Connection,
@@ -290,7 +199,7 @@ class PostgresThreadSaver(SaverForms):
             if thread_id in self._tokens and thread_id not in self._lost:
                 return
             rows = self._execute(
-                _CLAIM, {"thread_id": thread_id, "owner": self.owner, "lease": self.lease}
+                CLAIM, {"thread_id": thread_id, "owner": self.owner, "lease": self.lease}
             )
             if not rows:
                 raise ThreadLocked(thread_id=thread_id, path=self._describe(thread_id))
@@ -306,7 +215,7 @@ class PostgresThreadSaver(SaverForms):
             token = self._tokens.pop(thread_id, None)
             self._lost.discard(thread_id)
             if token is not None and self._pool is not None:
-                self._execute(_RELEASE, {"thread_id": thread_id, "token": token})
+                self._execute(RELEASE, {"thread_id": thread_id, "token": token})
 
     def token(self, thread_id: str) -> int | None:
         """The fencing token of the thread's lease this saver holds, or None."""
@@ -336,7 +245,7 @@ class PostgresThreadSaver(SaverForms):
                 continue
             try:
                 rows = self._execute(
-                    _RENEW,
+                    RENEW,
                     {
                         "lease": self.lease,
                         "thread_ids": list(held),
@@ -593,10 +502,10 @@ class PostgresThreadSaver(SaverForms):
         params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
         if checkpoint_id is not None:
             rows = self._execute(
-                _GET + " AND checkpoint_id = %(id)s", {**params, "id": checkpoint_id}
+                GET + " AND checkpoint_id = %(id)s", {**params, "id": checkpoint_id}
             )
         else:
-            rows = self._execute(_GET + " ORDER BY checkpoint_id DESC LIMIT 1", params)
+            rows = self._execute(GET + " ORDER BY checkpoint_id DESC LIMIT 1", params)
         with self._lock:
             seen = self._seen_latest.setdefault((thread_id, ns), set())
             if checkpoint_id is not None:
@@ -668,7 +577,7 @@ class PostgresThreadSaver(SaverForms):
             "versions": [str(v) for v in versions.values()],
         }
         values: dict[str, Any] = {}
-        for channel, blob_type, blob, _depth in self._execute(_BLOBS, params):
+        for channel, blob_type, blob, _depth in self._execute(BLOBS, params):
             if blob_type == "empty":
                 values.pop(channel, None)
                 continue
@@ -679,7 +588,7 @@ class PostgresThreadSaver(SaverForms):
                 values[channel] = decoded
         checkpoint["channel_values"] = values
         writes = self._execute(
-            _WRITES, {"thread_id": thread_id, "ns": ns, "checkpoint_id": checkpoint_id}
+            WRITES, {"thread_id": thread_id, "ns": ns, "checkpoint_id": checkpoint_id}
         )
         ordered = sorted(writes, key=lambda w: writes_sort_key(w[5], w[0], w[1]))
         pending = [
@@ -713,28 +622,3 @@ class PostgresThreadSaver(SaverForms):
     async def _off_loop(self, function: Callable[..., _T], *arguments: Any) -> _T:
         context = contextvars.copy_context()
         return await asyncio.to_thread(context.run, function, *arguments)
-
-
-def _migrate(dsn: str, where: str) -> None:
-    """Migrate the schema (durably's migrations are async), in a thread of its own."""
-    failed: list[BaseException] = []
-
-    async def run() -> None:
-        from psycopg import AsyncConnection
-
-        from ..postgres.schema import migrate
-
-        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await migrate(conn, where=where)
-
-    def target() -> None:
-        try:
-            asyncio.run(run())
-        except BaseException as exc:
-            failed.append(exc)
-
-    worker = threading.Thread(target=target, name="durably-langgraph-migrate")
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]

@@ -21,7 +21,6 @@ did after it would first wait to get the GIL back (design.md, LangGraph saver).
 
 from __future__ import annotations
 
-import contextvars
 import os
 import secrets
 import threading
@@ -41,97 +40,22 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.event_hooks import SerdeEvent, register_serde_event_listener
+from langgraph.checkpoint.serde.event_hooks import SerdeEvent
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .. import faults
 from .._sysio import FileSystem
-from ..errors import CheckpointCorrupt, StorageError
+from ..errors import CheckpointCorrupt
 from ..stores.rundir import off_the_loop
 from ._common import SaverForms
-from ._thread import (
-    Blob,
-    Index,
-    Node,
-    Put,
-    ThreadLog,
-    ThreadStore,
-    Writes,
-    frame,
-    value_chain,
-)
+from ._records import Blob, Index, Node, Put, Writes, frame, value_chain
+from ._refusals import StaleThread, ThreadValueRefused, refusals_in_read
+from ._thread import ThreadLog, ThreadStore
 
 __all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadValueRefused"]
 
 _T = TypeVar("_T")
 
-
-class ThreadValueRefused(StorageError):
-    """Raised when a thread's value names a type the saver does not load; nothing of it ran.
-
-    Allow the type with ``DurablySaver(..., allowed_types=[...])`` if the graph stores it;
-    otherwise the thread's files were altered.
-    """
-
-    __module__ = "durably.langgraph"
-
-    def __init__(self, *, thread_id: str, directory: str, module: str, name: str) -> None:
-        self.thread_id = thread_id
-        self.directory = directory
-        self.module = module
-        self.name = name
-        super().__init__(
-            f"thread {thread_id!r} in {directory} holds a value naming {module}.{name}, which "
-            "this DurablySaver does not load (it is not in its allowlist), so it was neither "
-            "imported nor called; if your graph stores that type, allow it: "
-            f"DurablySaver(..., allowed_types=[({module!r}, {name!r})]); if it does not, the "
-            "thread's files were altered: inspect them"
-        )
-
-
-class StaleThread(StorageError):
-    """Raised by a ``put`` built on a checkpoint the thread has moved past; nothing was written.
-
-    The saver read the thread's latest checkpoint, another writer then saved a newer
-    one, and this put would have made a second child of the old one: a fork nobody
-    asked for. Claim the thread before reading it (:meth:`DurablySaver.claim`), or
-    address the old checkpoint by its ``checkpoint_id`` to fork it on purpose.
-    """
-
-    __module__ = "durably.langgraph"
-
-    def __init__(self, *, thread_id: str, ns: str, parent: str | None, latest: str) -> None:
-        self.thread_id = thread_id
-        self.ns = ns
-        self.parent = parent
-        self.latest = latest
-        where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")
-        read = f"checkpoint {parent}" if parent is not None else "no checkpoint"
-        super().__init__(
-            f"{where} moved on since this saver read it: it read {read} as the latest, and "
-            f"another writer has since saved {latest}; this put, built on the old read, "
-            "was refused so the checkpoint chain does not fork, and nothing was written; "
-            "claim the thread before reading it (saver.claim(thread_id), see "
-            "docs/langgraph.md) and run again, or address the old checkpoint by its "
-            "checkpoint_id to fork it on purpose"
-        )
-
-
-_refusals: contextvars.ContextVar[list[SerdeEvent] | None] = contextvars.ContextVar(
-    "durably_langgraph_refusals", default=None
-)
-"""The serializer's refusals during the saver's current read, in this thread (else None)."""
-
-
-def _note_refusal(event: SerdeEvent) -> None:
-    # LangGraph's strict serializer returns a refused value's arguments in its place and
-    # only logs: the saver turns any refusal during its read into an error.
-    seen = _refusals.get()
-    if seen is not None and event["kind"] in ("msgpack_blocked", "msgpack_method_blocked"):
-        seen.append(event)
-
-
-register_serde_event_listener(_note_refusal)
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 """The strategies :meth:`DurablySaver.prune` accepts (LangGraph's names)."""
@@ -625,7 +549,7 @@ class DurablySaver(SaverForms):
     def _loads(self, thread_id: str, typed: tuple[str, bytes]) -> Any:
         """``serde.loads_typed``, refusing a value that names a type outside the allowlist."""
         refusals: list[SerdeEvent] = []
-        token = _refusals.set(refusals)
+        token = refusals_in_read.set(refusals)
         try:
             value = self.serde.loads_typed(typed)
         except NotImplementedError as exc:  # a type tag it does not read ("pickle")
@@ -634,7 +558,7 @@ class DurablySaver(SaverForms):
                 reason=f"a value is stored as {typed[0]!r}, which this saver does not read",
             ) from exc
         finally:
-            _refusals.reset(token)
+            refusals_in_read.reset(token)
         if refusals:
             first = refusals[0]
             raise ThreadValueRefused(
