@@ -99,14 +99,32 @@ class Place:
         assert done.returncode == 0, done.stderr
 
     def carry_on(self, **options: Any) -> Any:
-        """Rebuild the saved SDK state with the answers applied, and run from it."""
+        """Rebuild the saved SDK state with the answers applied, and run from it.
+
+        The rebuilt state's approval decisions, as the SDK saves them, are kept in
+        ``self.decided`` (call ID -> approved / rejected / the rejection message).
+        """
         agent, runner = self.agent(**options)
 
         async def go() -> Any:
             state = await runner.sdk_state(agent, RUN_ID)
+            self.decided = _sdk_decisions(state.to_json())
             return await runner.run(agent, state, run_id=RUN_ID)
 
         return asyncio.run(go())
+
+
+def _sdk_decisions(saved: dict[str, Any]) -> dict[str, str]:
+    """The function-tool approvals an SDK ``RunState.to_json()`` holds, by call ID."""
+    found: dict[str, str] = {}
+    for entry in saved["context"].get("function_tool_approvals", []):
+        decision = entry["decision"]
+        found.update(dict.fromkeys(decision.get("approved", []), "approved"))
+        found.update(dict.fromkeys(decision.get("rejected", []), "rejected"))
+        found.update(
+            {k: f"rejected: {v}" for k, v in decision.get("rejection_messages", {}).items()}
+        )
+    return found
 
 
 def _result(state: durably.RunState, call_id: str) -> ToolResult:
@@ -146,6 +164,8 @@ def test_a_durably_approval_pauses_the_sdk_way_and_the_saved_answer_carries_it_o
 
     assert done.interruptions == []
     assert done.final_output == ANSWER
+    refusal = "rejected: refused by the approver: not today"
+    assert place.decided == {"c4": "approved" if word == "yes" else refusal}
     assert place.log.turns(RUN_ID) == [*asked, 4, 5]  # no saved reply paid for again
     assert len(place.service.lines("notes")) == notes
     assert len(place.service.lines("refunds")) == len(place.service.lines("emails")) == 1
@@ -202,6 +222,7 @@ def test_an_in_doubt_call_asks_a_person_through_the_sdk_pause(
     done = place.carry_on(sequential=True, approver=Away())
 
     assert done.final_output == ANSWER
+    assert place.decided == {"c4": "approved"}  # served its saved result, or run again
     assert len(place.service.lines("notes")) == notes
     assert place.service.effects() == REFERENCE
     assert place.log.turns(RUN_ID) == [*asked, 5, 6]
