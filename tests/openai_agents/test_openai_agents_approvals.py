@@ -275,8 +275,12 @@ def test_the_users_own_needs_approval_is_still_consulted_and_answered_on_the_sdk
 
     assert done.final_output == ANSWER
     assert len(place.service.lines("notes")) == (1 if approve else 0)
-    note = _result(place.state(), "c4")
+    final = place.state()
+    note = _result(final, "c4")
     assert note.content == ("noted" if approve else "no notes today")
+    given = final.approvals_given["c4"]  # the user's answer, in the run's record too
+    assert given.approved is approve
+    assert given.by == ("RunState.approve" if approve else "RunState.reject")
     assert place.log.turns(RUN_ID) == [1, 2, 3, 4, 5]
 
 

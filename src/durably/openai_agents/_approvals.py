@@ -118,6 +118,9 @@ class Asker:
             return False
         if call_id in state.markers:
             return False  # it ran once: its approval was given before
+        given = state.decisions.get(call_id)
+        if given is not None:
+            return not given.approved
         if isinstance(self.own, bool):
             return self.own
         answer: object = self.own(ctx, params, call_id)

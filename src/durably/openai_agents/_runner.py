@@ -57,6 +57,7 @@ from ..keys import validate_run_id
 from ..models import Price, WorstCase
 from ..state import (
     AssistantMessage,
+    Decision,
     Effect,
     Phase,
     RunState,
@@ -79,6 +80,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("durably.openai_agents")
+
+_SDK_APPROVED, _SDK_REJECTED = "RunState.approve", "RunState.reject"
+"""Who answered, in the run's record, for approvals given on the SDK's own RunState."""
 
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
@@ -505,6 +509,13 @@ class _Wrapper:
                 return value if isinstance(value, str) else str(value)
 
             values = call_arguments(arguments)
+            own = asker.own is not False and call_id not in state.decisions
+            if own and ctx.is_tool_approved(tool.name, call_id):
+                # The user's own approval, given on the SDK's RunState: kept in the run's
+                # record too (saved with the attempt marker or the result).
+                state.decisions[call_id] = state.approvals_given[call_id] = Decision(
+                    approved=True, decided_at=session.clock(), by=_SDK_APPROVED
+                )
             if engine_tool.needs_approval and call_id in state.pending:
                 # durably's question, which the SDK only runs once approved on its RunState
                 # (state.approve): that is the person's yes, saved as durably's answer.
@@ -652,6 +663,13 @@ class _DurableModel(Model):
             if call.name in self.hold.handoffs:
                 await session.finish(call, f"handed off by {call.name}", False)
             elif call.id in answered:
+                if call.id not in session.state.approvals_given:  # the user's own rejection
+                    session.state.approvals_given[call.id] = Decision(
+                        approved=False,
+                        reason=answered[call.id],
+                        decided_at=session.clock(),
+                        by=_SDK_REJECTED,
+                    )
                 await session.finish(call, answered[call.id], True)
             else:
                 raise ReplayDiverged(
