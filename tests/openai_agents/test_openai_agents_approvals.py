@@ -263,7 +263,8 @@ def test_the_users_own_needs_approval_is_still_consulted_and_answered_on_the_sdk
 
     assert _interrupted(paused) == ["c4"]
     assert seen == [("c4", {"text": NOTE})]
-    assert place.state().pending == {}
+    assert place.state().pending == {}  # not durably's question: nothing to `durably answer`
+    assert place.state().phase is durably.Phase.PAUSED  # no worker claims it meanwhile
     assert place.state().paused_with is not None
     state = paused.to_state()
     (item,) = state.get_interruptions()

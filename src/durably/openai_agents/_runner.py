@@ -102,11 +102,13 @@ def tool_context() -> ToolContext:
 
 
 class RunPaused(frontend.RunPaused):
-    """Raised from ``DurableRunner.run`` when a call waits for a person.
+    """A call waits for a person, and the run could not pause the SDK's way.
 
-    The run is saved as paused with its questions (``DurableRunner.outcome(run_id)``);
-    once they are answered (``durably answer``, the console, or the approver),
-    :meth:`DurableRunner.resume` carries it on.
+    ``DurableRunner.run`` pauses through the SDK (``result.interruptions``); this is
+    raised only when a call went in doubt while it ran and driving the run again did
+    not reach the SDK's ``needs_approval`` for it. The run is saved as paused with its
+    questions (``DurableRunner.outcome(run_id)``); once they are answered (``durably
+    answer``, the console, or the approver), :meth:`DurableRunner.resume` carries it on.
     """
 
     resume_with = "DurableRunner.resume"
@@ -761,9 +763,15 @@ async def _resumed_state(
 
 
 async def _save_pause(hold: Hold, result: Any) -> None:
-    """Save the SDK's state at its interruption with the run (save point 5)."""
+    """Save the SDK's state at its interruption with the run (save point 5).
+
+    The run is paused whoever's question it is: durably's (in ``pending``, answered with
+    ``durably answer``) or only the user's own ``needs_approval`` (answered on the SDK's
+    RunState), so no worker claims it meanwhile.
+    """
     session = hold.session
     state = session.state
+    state.phase = Phase.PAUSED
     try:
         state.paused_with = result.to_state().to_json()
     except Exception as exc:  # the SDK cannot save it (a context it cannot serialize)
