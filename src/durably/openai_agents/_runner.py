@@ -13,8 +13,12 @@ Each seam maps to the engine (:class:`durably.engine.RunSession`) and owns nothi
 - every ``FunctionTool.on_invoke_tool`` is wrapped: a call whose result is saved gets
   that result; any other call goes through the engine: approval, the attempt marker
   with the key derived from the run and the call ID (save point 3), the tool, its
-  result (save point 4); a call found with a marker goes up the ladder; a call that
-  waits for a person pauses the run (save point 5) with :class:`RunPaused`.
+  result (save point 4); a call found with a marker goes up the ladder;
+- every such tool's ``needs_approval`` is durably's (``_approvals.Asker``): a call that
+  waits for a person says yes, so the SDK interrupts the run; ``run`` returns with
+  ``result.interruptions`` and the run is saved paused with the SDK's
+  ``RunState.to_json()`` (save point 5), which :meth:`DurableRunner.sdk_state` gives
+  back with the saved answers applied.
 
 Replies are keyed by their place in the run, so the orchestration around them must
 decide the same way again: dynamic instructions, guardrails and ``is_enabled`` must
