@@ -357,3 +357,24 @@ def test_arguments_that_are_not_a_json_object_still_get_durablys_answer(
         assert result.final_output == "finished"
         assert _result(state, "x1").is_error
     assert calls == []
+
+
+def test_a_durably_approval_approved_on_the_sdk_state_is_the_persons_yes(tmp_path: Path) -> None:
+    """Approving durably's question on the returned RunState (as with the bare SDK) is a
+    person's yes: saved as durably's answer, the note posted once.
+    """
+    place = Place(tmp_path)
+    agent, runner = place.agent(approver=Away(), approval=frozenset({"post_note"}))
+    paused = asyncio.run(runner.run(agent, TASK, run_id=RUN_ID))
+    state = paused.to_state()
+    (item,) = state.get_interruptions()
+    state.approve(item)
+
+    done = asyncio.run(runner.run(agent, state, run_id=RUN_ID))
+
+    assert done.final_output == ANSWER
+    assert place.service.effects() == REFERENCE
+    final = place.state()
+    assert final.approvals_given["c4"].approved
+    assert final.approvals_given["c4"].by == "RunState.approve"
+    assert place.log.turns(RUN_ID) == [1, 2, 3, 4, 5]

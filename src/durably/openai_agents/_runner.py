@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
 
+import msgspec
 from agents import Agent, RunConfig, Runner
 from agents import RunState as SDKRunState
 from agents.exceptions import UserError
@@ -526,6 +527,8 @@ class _Wrapper:
                 # durably's question, which the SDK only runs once approved on its RunState
                 # (state.approve): that is the person's yes, saved as durably's answer.
                 await session.apply_decisions({call_id: Yes()})
+                given = msgspec.structs.replace(state.decisions[call_id], by=_SDK_APPROVED)
+                state.decisions[call_id] = state.approvals_given[call_id] = given
             verdict = hold.verdicts.pop(call_id, None)
             marker = state.markers.get(call_id)
             if verdict is not None and marker is not None:  # judged when the SDK asked
