@@ -378,3 +378,33 @@ def test_a_durably_approval_approved_on_the_sdk_state_is_the_persons_yes(tmp_pat
     assert final.approvals_given["c4"].approved
     assert final.approvals_given["c4"].by == "RunState.approve"
     assert place.log.turns(RUN_ID) == [1, 2, 3, 4, 5]
+
+
+def test_an_in_doubt_call_rejected_on_the_sdk_state_is_refused_until_a_person_answers(
+    tmp_path: Path,
+) -> None:
+    """A rejection on the SDK's RunState cannot say whether an in-doubt call happened: the
+    run stops before asking the model, saying to answer rerun or done; answered, it finishes.
+    """
+    place = Place(tmp_path)
+
+    def killed() -> None:
+        with faults.installed(faults.CrashPlan(label="loop.tool_returned:post_note")):
+            agent, runner = place.agent(sequential=True)
+            asyncio.run(runner.run(agent, TASK, run_id=RUN_ID))
+
+    assert os.WIFSIGNALED(run_in_child(killed))
+    agent, runner = place.agent(sequential=True, approver=Away())
+    state = asyncio.run(runner.resume(agent, RUN_ID)).to_state()
+    (item,) = state.get_interruptions()
+    state.reject(item, rejection_message="no")
+    asked = place.log.turns(RUN_ID)
+
+    with pytest.raises(ValueError, match="'c4' of tool 'post_note' may have acted"):
+        asyncio.run(runner.run(agent, state, run_id=RUN_ID))
+
+    assert place.log.turns(RUN_ID) == asked
+    assert "c4" in place.state().pending
+    place.answer("c4", "done", "--result", "noted (checked)")
+    assert place.carry_on(sequential=True, approver=Away()).final_output == ANSWER
+    assert place.service.effects() == REFERENCE

@@ -671,6 +671,14 @@ class _DurableModel(Model):
         for call in list(session.open_calls().values()):
             if call.name in self.hold.handoffs:
                 await session.finish(call, f"handed off by {call.name}", False)
+            elif call.id in answered and call.id in session.state.markers:
+                raise ValueError(
+                    f"run {session.state.run_id!r}: call {call.id!r} of tool {call.name!r} "
+                    "may have acted, and the SDK's RunState rejected it; a rejection cannot "
+                    "say whether it happened: answer it with `durably answer "
+                    f"{session.state.run_id} {call.id} rerun|done` (or the console), then "
+                    "carry the run on from DurableRunner.sdk_state"
+                )
             elif call.id in answered:
                 if call.id not in session.state.approvals_given:  # the user's own rejection
                     session.state.approvals_given[call.id] = Decision(
