@@ -138,6 +138,8 @@ FIELDS[RunState] = {
     "markers": st.dictionaries(text, st.builds(AttemptMarker, **FIELDS[AttemptMarker]), max_size=2),
     "resolutions": st.dictionaries(text, st.builds(Resolution, **FIELDS[Resolution]), max_size=2),
     "workspace": st.dictionaries(text, hex64, max_size=3),
+    "paused_with": st.none()
+    | st.dictionaries(text, st.none() | st.booleans() | st.integers() | text, max_size=3),
     "fingerprint": st.none() | st.builds(Fingerprint, **FIELDS[Fingerprint]),
     "answer": maybe_text,
     "stop_reason": maybe_text,

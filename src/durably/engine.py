@@ -810,6 +810,25 @@ class RunSession:
 
         ``said``: what the tool's ``ToolInDoubt`` said, when this process heard it.
         """
+        verdict = await self.judge_in_doubt(call, tool, marker, arguments, said=said)
+        return await self.act_on_verdict(call, tool, marker, arguments, verdict, run=run)
+
+    async def judge_in_doubt(
+        self,
+        call: ToolCall,
+        tool: Tool,
+        marker: AttemptMarker,
+        arguments: dict[str, Any],
+        *,
+        said: str | None = None,
+    ) -> ladder.Verdict:
+        """Climb the ladder for an in-doubt call without acting on the verdict.
+
+        A ``deferred`` verdict has its question saved (save point 5); any other is for
+        :meth:`act_on_verdict`, in this process (nothing of it is saved yet). A front end
+        whose framework asks "may this call run?" before running it (the Agents SDK's
+        ``needs_approval``) judges there and acts when the framework runs the call.
+        """
         state = self.state
 
         async def before_asking(why: str) -> None:
@@ -842,6 +861,23 @@ class RunSession:
         self.emit(
             "ladder", call_id=call.id, tool=tool.name, step=verdict.step, outcome=verdict.outcome
         )
+        return verdict
+
+    async def act_on_verdict(
+        self,
+        call: ToolCall,
+        tool: Tool,
+        marker: AttemptMarker,
+        arguments: dict[str, Any],
+        verdict: ladder.Verdict,
+        *,
+        run: Callable[[ToolContext], Awaitable[str]] | None = None,
+    ) -> bool:
+        """Act on :meth:`judge_in_doubt`'s verdict; False when it waits for a person.
+
+        The found result is saved, or the call runs again under its first marker.
+        """
+        state = self.state
         if verdict.outcome == "deferred":
             return False  # the question was saved by before_asking
         state.pending.pop(call.id, None)

@@ -324,6 +324,10 @@ class RunState(msgspec.Struct, omit_defaults=True, kw_only=True):
     """How the ladder settled in-doubt calls, by call ID; kept for the run's life."""
     workspace: dict[str, str] = {}
     """Path -> SHA-256 of every file the run wrote."""
+    paused_with: dict[str, Any] | None = None
+    """A framework's own record of the pause, when it pauses itself: the OpenAI Agents
+    SDK's ``RunState.to_json()`` at its interruption (``durably.openai_agents``). Saved
+    with the pause (save point 5), cleared when the run asks the model again."""
     fingerprint: Fingerprint | None = None
     answer: str | None = None
     stop_reason: str | None = None

@@ -22,7 +22,7 @@ import durably
 from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.engine import Save, SavePoint
-from durably.openai_agents import DurableRunner, ReplayDiverged, RunPaused, tool_context
+from durably.openai_agents import DurableRunner, ReplayDiverged, tool_context
 from durably.state import AssistantMessage, ToolResult
 from durably.sweep import RUN_ID, Config, run_in_child
 
@@ -250,14 +250,14 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_an_in_doubt_write_without_a_lookup_waits_for_durably_answer(tmp_path: Path) -> None:
-    """A note the service took without answering pauses the run with the question saved;
-    ``durably pending`` lists it, ``durably answer ... done`` settles it, and the resumed
-    run finishes without posting the note again or asking the model for a saved reply.
+    """A note the service took without answering pauses the run the SDK's way (the result's
+    interruptions) with the question saved; ``durably pending`` lists it, ``durably answer
+    ... done`` settles it, and the resumed run finishes without posting the note again or
+    asking the model for a saved reply.
     """
     place = Place(tmp_path, doubt=frozenset({"notes"}))
-    with pytest.raises(RunPaused) as paused:
-        place.run()
-    (call_id,) = paused.value.call_ids
+    paused = place.run()
+    (call_id,) = [item.call_id for item in paused.interruptions]  # type: ignore[attr-defined]
     question = place.state().pending[call_id]
     assert question.tool == "post_note"
     assert place.state().phase is durably.Phase.PAUSED
@@ -300,9 +300,8 @@ def test_a_call_needing_approval_waits_for_durably_answer_yes_or_no(
     yes it is posted once, answered no it never is and the model is told why.
     """
     place = Place(tmp_path)
-    with pytest.raises(RunPaused) as paused:
-        place.run(approver=Away(), approval=frozenset({"post_note"}))
-    (call_id,) = paused.value.call_ids
+    paused = place.run(approver=Away(), approval=frozenset({"post_note"}))
+    (call_id,) = [item.call_id for item in paused.interruptions]  # type: ignore[attr-defined]
     assert place.state().markers == {}
     assert place.service.lines("notes") == []
 

@@ -13,8 +13,12 @@ Each seam maps to the engine (:class:`durably.engine.RunSession`) and owns nothi
 - every ``FunctionTool.on_invoke_tool`` is wrapped: a call whose result is saved gets
   that result; any other call goes through the engine: approval, the attempt marker
   with the key derived from the run and the call ID (save point 3), the tool, its
-  result (save point 4); a call found with a marker goes up the ladder; a call that
-  waits for a person pauses the run (save point 5) with :class:`RunPaused`.
+  result (save point 4); a call found with a marker goes up the ladder;
+- every such tool's ``needs_approval`` is durably's (``_approvals.Asker``): a call that
+  waits for a person says yes, so the SDK interrupts the run; ``run`` returns with
+  ``result.interruptions`` and the run is saved paused with the SDK's
+  ``RunState.to_json()`` (save point 5), which :meth:`DurableRunner.sdk_state` gives
+  back with the saved answers applied.
 
 Replies are keyed by their place in the run, so the orchestration around them must
 decide the same way again: dynamic instructions, guardrails and ``is_enabled`` must
@@ -28,11 +32,14 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
 
+import msgspec
 from agents import Agent, RunConfig, Runner
+from agents import RunState as SDKRunState
 from agents.exceptions import UserError
 from agents.handoffs import Handoff
 from agents.items import ModelResponse
@@ -47,14 +54,15 @@ from openai.types.responses import (
 )
 
 from .. import _declarations, faults, frontend
-from ..approval import Approver, ScriptedApprover
-from ..engine import Event, Limits, Outcome, RunSession, shielded
+from ..approval import Approver, ScriptedApprover, Yes
+from ..engine import Event, Limits, Outcome, SavePoint, shielded
 from ..errors import DurablyError, RunCancelled
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
 from ..models import Price, WorstCase
 from ..state import (
     AssistantMessage,
+    Decision,
     Effect,
     Phase,
     RunState,
@@ -65,6 +73,7 @@ from ..state import (
 from ..stores import RunHandle, Store
 from ..tools import LookupFunction, Tool, ToolContext
 from ..workspace import Workspace
+from ._approvals import Asker, Hold, call_arguments
 
 __all__ = [
     "DurableRunner",
@@ -74,6 +83,11 @@ __all__ = [
     "tool_context",
     "worker_agent",
 ]
+
+log = logging.getLogger("durably.openai_agents")
+
+_SDK_APPROVED, _SDK_REJECTED = "RunState.approve", "RunState.reject"
+"""Who answered, in the run's record, for approvals given on the SDK's own RunState."""
 
 _FRAMING_TOKENS = 1024
 """Tokens a provider adds around a request, counted generously (as durably's own loop)."""
@@ -93,11 +107,13 @@ def tool_context() -> ToolContext:
 
 
 class RunPaused(frontend.RunPaused):
-    """Raised from ``DurableRunner.run`` when a call waits for a person.
+    """A call waits for a person, and the run could not pause the SDK's way.
 
-    The run is saved as paused with its questions (``DurableRunner.outcome(run_id)``);
-    once they are answered (``durably answer``, the console, or the approver),
-    :meth:`DurableRunner.resume` carries it on.
+    ``DurableRunner.run`` pauses through the SDK (``result.interruptions``); this is
+    raised only when a call went in doubt while it ran and driving the run again did
+    not reach the SDK's ``needs_approval`` for it. The run is saved as paused with its
+    questions (``DurableRunner.outcome(run_id)``); once they are answered (``durably
+    answer``, the console, or the approver), :meth:`DurableRunner.resume` carries it on.
     """
 
     resume_with = "DurableRunner.resume"
@@ -122,16 +138,6 @@ class ReplayDiverged(DurablyError):
 
 async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
     raise RuntimeError("an Agents SDK tool runs through its own on_invoke_tool, not this")
-
-
-class _Hold:
-    """One run's hold: the session, the turn reached, the engine's view of each tool."""
-
-    def __init__(self, session: RunSession, tools: Mapping[str, Tool]) -> None:
-        self.session = session
-        self.tools = dict(tools)
-        self.turn = 0
-        self.handoffs: set[str] = set()
 
 
 class DurableRunner:
@@ -212,7 +218,7 @@ class DurableRunner:
     async def run(
         self,
         agent: Agent[Any],
-        input: str,
+        input: str | SDKRunState[Any, Any],
         *,
         run_id: str,
         run_config: RunConfig | None = None,
@@ -224,20 +230,40 @@ class DurableRunner:
         requests it made before from their saved replies and the calls from their
         saved results, and carries it on from there. Returns the SDK's ``RunResult``.
 
+        A call that waits for a person ends the run the SDK's way: the result has
+        ``interruptions``, the run is saved as paused with its questions and the SDK's
+        ``RunState.to_json()``. Once answered (``durably answer``, the console),
+        ``run(agent, await runner.sdk_state(agent, run_id), run_id=run_id)`` carries it
+        on from that state (or :meth:`resume` from the task); ``input`` may be any SDK
+        ``RunState`` of this run, such as ``result.to_state()`` with the user's own
+        approvals given.
+
         Raises:
-            RunPaused: a call waits for a person; the run is saved as paused.
             ReplayDiverged: a saved reply does not fit the request made again.
+            RunNotFound: ``input`` is an SDK ``RunState`` and no run ``run_id`` is saved.
         """
         run_id = validate_run_id(run_id)
-        input = _task_text(input)
         _check_options(runner_options)
         store = self._the_store()
-        handle, state, fresh = await frontend.open_or_create(
-            store, run_id, lambda: input, clock=self.clock
-        )
+        paused: dict[str, Any] | None = None
+        if isinstance(input, SDKRunState):
+            paused = input.to_json()
+            handle, state = await store.open(run_id)
+            fresh = False
+        else:
+            text = _task_text(input)
+            handle, state, fresh = await frontend.open_or_create(
+                store, run_id, lambda: text, clock=self.clock
+            )
         try:
             return await self._drive(
-                agent, handle, state, fresh=fresh, run_config=run_config, options=runner_options
+                agent,
+                handle,
+                state,
+                fresh=fresh,
+                run_config=run_config,
+                options=runner_options,
+                paused=paused,
             )
         finally:
             await shielded(handle.close())
@@ -251,8 +277,12 @@ class DurableRunner:
         fresh: bool,
         run_config: RunConfig | None,
         options: Mapping[str, Any],
+        paused: dict[str, Any] | None = None,
     ) -> Any:
-        """``Runner.run`` of the saved task on the run ``handle`` holds (the caller closes it)."""
+        """``Runner.run`` of the run ``handle`` holds (the caller closes it).
+
+        From the saved task, or from ``paused`` (an SDK ``RunState.to_json()``).
+        """
         session = await frontend.opened_session(
             handle,
             state,
@@ -270,20 +300,60 @@ class DurableRunner:
             state.fingerprint = now  # saved with the first model-call marker
         else:
             session.check_agent(now, allow_change=self.allow_agent_change)
-        hold = _Hold(session, tools)
+        hold = Hold(session, tools)
         config = dataclasses.replace(run_config) if run_config is not None else RunConfig()
         config.model_provider = _DurableProvider(config.model_provider, self, hold)
         if isinstance(config.model, Model):
             config.model = _DurableModel(config.model, self, hold)
         wrapped = _Wrapper(self, hold).agent(agent)
         try:
-            result = await Runner.run(wrapped, state.task, run_config=config, **options)
+            result = await self._run_through(wrapped, hold, config, options, paused)
         except Exception as exc:
             _raise_ours(exc)
             raise
-        if state.phase is Phase.DONE:
+        if result.interruptions:
+            await _save_pause(hold, result)
+        elif state.phase is Phase.DONE:
             session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
         return result
+
+    async def _run_through(
+        self,
+        wrapped: Agent[Any],
+        hold: Hold,
+        config: RunConfig,
+        options: Mapping[str, Any],
+        paused: dict[str, Any] | None,
+    ) -> Any:
+        """``Runner.run`` until it ends or interrupts for a person (or the user's own approval).
+
+        Two things are handled here so that each pause is the SDK's own: a call that went
+        in doubt while it ran and waits for a person (the wrapper raised ``RunPaused``)
+        has the run driven again from its task, where ``needs_approval`` asks about it;
+        and a call the SDK interrupted without asking ``needs_approval`` (its arguments
+        are not a JSON object, which the SDK's policy cannot inspect) is let through when
+        durably and the user's own setting need nobody for it.
+        """
+        state = hold.session.state
+        start: Any = state.task
+        if paused is not None:
+            start = await _resumed_state(wrapped, paused, hold, options)
+        driven_again = False
+        while True:
+            try:
+                result = await Runner.run(wrapped, start, run_config=config, **options)
+            except Exception as exc:
+                if driven_again or _found(exc, RunPaused) is None:
+                    raise
+                driven_again = True
+                hold.turn, start = 0, state.task
+                continue
+            release = [i for i in result.interruptions if await _needs_nobody(hold, i)]
+            if not release:
+                return result
+            start = result.to_state()
+            for item in release:
+                start.approve(item)
 
     def run_sync(self, agent: Agent[Any], input: str, *, run_id: str, **options: Any) -> Any:
         """:meth:`run` from synchronous code (not inside a running event loop)."""
@@ -293,6 +363,44 @@ class DurableRunner:
         """Carry ``run_id`` on from its last save: :meth:`run` with the run's saved task."""
         state = await self._the_store().read(run_id)
         return await self.run(agent, state.task, run_id=run_id, **options)
+
+    async def sdk_state(
+        self, agent: Agent[Any], run_id: str, *, context: Any = None
+    ) -> SDKRunState[Any, Any]:
+        """The SDK's ``RunState`` the run paused with, with durably's saved answers applied.
+
+        Each interruption durably asked about and a person answered (``durably answer``,
+        the console) is approved (yes, rerun, done: the wrapper runs the call or serves
+        its saved result) or rejected (no: the model reads why); an unanswered one, and
+        the user's own approvals, stay interruptions (approve them on the state as with
+        the bare SDK). Carry the run on with ``run(agent, state, run_id=run_id)``.
+        ``context``: the run's context, when it is not a mapping the SDK saves.
+
+        Raises:
+            ValueError: the run saved no SDK pause (it is not paused, or it paused before
+                the SDK's state was saved); carry it on with :meth:`resume`.
+        """
+        state = await self._the_store().read(run_id)
+        if state.paused_with is None:
+            raise ValueError(
+                f"run {run_id!r} has no SDK pause saved (phase {state.phase}); carry it on "
+                "with DurableRunner.resume(agent, run_id), which drives it from its task"
+            )
+        sdk = await SDKRunState.from_json(agent, state.paused_with, context_override=context)
+        for item in sdk.get_interruptions():
+            call_id = item.call_id
+            if not isinstance(call_id, str):
+                continue
+            decision = state.decisions.get(call_id)
+            rerun = call_id in state.resolutions and call_id not in state.markers
+            settled = saved_result(state, call_id) is not None
+            if settled or (rerun and call_id not in state.pending):
+                sdk.approve(item)  # the wrapper serves the result, or runs the call again
+            elif decision is not None and decision.approved:
+                sdk.approve(item)
+            elif decision is not None:
+                sdk.reject(item, rejection_message=_refusal(decision.reason))
+        return sdk
 
     async def outcome(self, run_id: str) -> Outcome:
         """What the run's last save says: done with its answer, or paused with its questions."""
@@ -317,11 +425,6 @@ class DurableRunner:
                 f"tool {tool.name!r} declares no effect: give DurableRunner "
                 f"effects={{{tool.name!r}: Effect.READ | IDEMPOTENT | KEYED | WRITE}}, or a "
                 "default_effect"
-            )
-        if tool.needs_approval is not False:
-            raise ValueError(
-                f"tool {tool.name!r} uses the SDK's needs_approval, whose interruptions "
-                "durably does not save; name it in DurableRunner(needs_approval=...) instead"
             )
         return Tool(
             name=tool.name,
@@ -351,7 +454,7 @@ class DurableRunner:
 class _Wrapper:
     """Copies of the agent graph whose models and function tools go through the engine."""
 
-    def __init__(self, runner: DurableRunner, hold: _Hold) -> None:
+    def __init__(self, runner: DurableRunner, hold: Hold) -> None:
         self.runner, self.hold = runner, hold
         self._done: dict[int, Agent[Any]] = {}
 
@@ -391,6 +494,7 @@ class _Wrapper:
         set_function_tool_failure_error_function(inner, None)
         engine_tool = self.hold.tools[tool.name]
         hold = self.hold
+        asker = hold.askers[tool.name] = Asker(hold, tool, engine_tool)
 
         async def on_invoke_tool(ctx: SDKToolContext[Any], arguments: str) -> Any:
             session = hold.session
@@ -411,20 +515,45 @@ class _Wrapper:
                     value = await inner.on_invoke_tool(ctx, arguments)
                 return value if isinstance(value, str) else str(value)
 
-            if not await session.settle(pending, engine_tool, _arguments(arguments), run=run):
+            values = call_arguments(arguments)
+            own = asker.own is not False and call_id not in state.decisions
+            if own and ctx.is_tool_approved(tool.name, call_id):
+                # The user's own approval, given on the SDK's RunState: kept in the run's
+                # record too (saved with the attempt marker or the result).
+                state.decisions[call_id] = state.approvals_given[call_id] = Decision(
+                    approved=True, decided_at=session.clock(), by=_SDK_APPROVED
+                )
+            if engine_tool.needs_approval and call_id in state.pending:
+                # durably's question, which the SDK only runs once approved on its RunState
+                # (state.approve): that is the person's yes, saved as durably's answer.
+                await session.apply_decisions({call_id: Yes()})
+                given = msgspec.structs.replace(state.decisions[call_id], by=_SDK_APPROVED)
+                state.decisions[call_id] = state.approvals_given[call_id] = given
+            verdict = hold.verdicts.pop(call_id, None)
+            marker = state.markers.get(call_id)
+            if verdict is not None and marker is not None:  # judged when the SDK asked
+                ran = await session.act_on_verdict(
+                    pending, engine_tool, marker, values, verdict, run=run
+                )
+            else:
+                ran = await session.settle(pending, engine_tool, values, run=run)
+            if not ran:
+                # In doubt while it ran, a person to ask: the SDK cannot interrupt a call it
+                # is running, so the run is driven again (DurableRunner._run_through).
+                hold.deferred.add(call_id)
                 raise RunPaused(run_id=state.run_id, call_ids=list(state.pending))
             settled = saved_result(state, call_id)
             if settled is None:  # pragma: no cover - settle returns True only with a result
                 raise RuntimeError(f"call {call_id!r} settled without a result")
             return settled.content
 
-        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=asker)
 
 
 class _DurableProvider(ModelProvider):
     """The run's provider, each of whose models goes through the engine."""
 
-    def __init__(self, inner: ModelProvider, runner: DurableRunner, hold: _Hold) -> None:
+    def __init__(self, inner: ModelProvider, runner: DurableRunner, hold: Hold) -> None:
         self.inner, self.runner, self.hold = inner, runner, hold
 
     def get_model(self, model_name: str | None) -> Model:
@@ -438,7 +567,7 @@ class _DurableModel(Model):
     """A model whose Nth request in the run is answered by the Nth saved reply, if any."""
 
     def __init__(
-        self, inner: Model, runner: DurableRunner, hold: _Hold, name: str | None = None
+        self, inner: Model, runner: DurableRunner, hold: Hold, name: str | None = None
     ) -> None:
         self.inner, self.runner, self.hold = inner, runner, hold
         self.name = name or str(getattr(inner, "model", None) or type(inner).__name__)
@@ -475,7 +604,7 @@ class _DurableModel(Model):
                         reason=f"it calls {call.name!r}, which the request does not offer",
                     )
             return _response(saved)
-        await self._close_handoffs()
+        await self._close_handoffs(input)
         if state.phase is Phase.DONE:
             raise ReplayDiverged(
                 run_id=state.run_id,
@@ -484,6 +613,7 @@ class _DurableModel(Model):
             )
         worst = self.runner._worst(system_instructions, input, tools)  # noqa: SLF001
         await session.check_limits(worst, model=self.name)
+        state.paused_with = None  # the run goes on: the pause is over (saved with the marker)
         await session.mark_model_call(turn=turn, model=self.name, worst=worst)
         response = await self.inner.get_response(
             system_instructions,
@@ -530,12 +660,34 @@ class _DurableModel(Model):
         )
         return response
 
-    async def _close_handoffs(self) -> None:
-        """Save a result for the last reply's handoff calls: the SDK acted on them itself."""
+    async def _close_handoffs(self, input: Any) -> None:
+        """Save a result for the last reply's calls the SDK answered itself.
+
+        Those are its handoffs, and calls it rejected without running them
+        (``RunState.reject``), saved with the rejection the request shows the model.
+        """
         session = self.hold.session
+        answered = _outputs(input)
         for call in list(session.open_calls().values()):
             if call.name in self.hold.handoffs:
                 await session.finish(call, f"handed off by {call.name}", False)
+            elif call.id in answered and call.id in session.state.markers:
+                raise ValueError(
+                    f"run {session.state.run_id!r}: call {call.id!r} of tool {call.name!r} "
+                    "may have acted, and the SDK's RunState rejected it; a rejection cannot "
+                    "say whether it happened: answer it with `durably answer "
+                    f"{session.state.run_id} {call.id} rerun|done` (or the console), then "
+                    "carry the run on from DurableRunner.sdk_state"
+                )
+            elif call.id in answered:
+                if call.id not in session.state.approvals_given:  # the user's own rejection
+                    session.state.approvals_given[call.id] = Decision(
+                        approved=False,
+                        reason=answered[call.id],
+                        decided_at=session.clock(),
+                        by=_SDK_REJECTED,
+                    )
+                await session.finish(call, answered[call.id], True)
             else:
                 raise ReplayDiverged(
                     run_id=session.state.run_id,
@@ -566,13 +718,88 @@ def _check_options(options: Mapping[str, Any]) -> None:
         )
 
 
-def _arguments(text: str) -> dict[str, Any]:
-    """The call's arguments as a lookup is given them (the SDK validates them for the tool)."""
+def _outputs(input: Any) -> dict[str, str]:
+    """The function-call outputs a request holds, by call ID, as text."""
+    found: dict[str, str] = {}
+    for item in [] if isinstance(input, str) else input or []:
+        get = item.get if isinstance(item, dict) else lambda k, i=item: getattr(i, k, None)
+        call_id, output = get("call_id"), get("output")
+        if get("type") == "function_call_output" and isinstance(call_id, str):
+            found[call_id] = output if isinstance(output, str) else json.dumps(output)
+    return found
+
+
+def _refusal(reason: str | None) -> str:
+    """What the model reads for a call a person refused (as the engine saves it)."""
+    return f"refused by the approver: {reason}"
+
+
+def _found(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first of its causes that is a ``kind``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+async def _needs_nobody(hold: Hold, item: Any) -> bool:
+    """True for an interruption that is nobody's question, to let through.
+
+    The SDK interrupts a call whose arguments are not a JSON object without asking the
+    tool's ``needs_approval`` (its policy could not inspect them); when neither durably
+    nor the user's own setting needs a person for it, that is only the SDK's default.
+    """
+    call_id = getattr(item, "call_id", None)
+    asker = hold.askers.get(getattr(item, "tool_name", None) or "")
+    if asker is None or not isinstance(call_id, str) or call_id in hold.consulted:
+        return False
+    hold.consulted.add(call_id)
+    if asker.own is not False:
+        return False  # the user's own policy could not inspect them either: the SDK's answer
+    return not await asker.durably_needs_person(call_id)
+
+
+async def _resumed_state(
+    wrapped: Agent[Any], paused: dict[str, Any], hold: Hold, options: Mapping[str, Any]
+) -> SDKRunState[Any, Any]:
+    """The SDK state ``paused`` rebuilt on the wrapped agents, the turn count set from it."""
+    state = hold.session.state
+    turns = len(paused.get("model_responses") or [])
+    if turns > state.turns:
+        raise ValueError(
+            f"run {state.run_id!r}: the SDK RunState given holds {turns} model replies and "
+            f"the run saved {state.turns}; pass a RunState of this run "
+            "(DurableRunner.sdk_state(agent, run_id))"
+        )
+    hold.turn = turns
+    return await SDKRunState.from_json(wrapped, paused, context_override=options.get("context"))
+
+
+async def _save_pause(hold: Hold, result: Any) -> None:
+    """Save the SDK's state at its interruption with the run (save point 5).
+
+    The run is paused whoever's question it is: durably's (in ``pending``, answered with
+    ``durably answer``) or only the user's own ``needs_approval`` (answered on the SDK's
+    RunState), so no worker claims it meanwhile.
+    """
+    session = hold.session
+    state = session.state
+    state.phase = Phase.PAUSED
     try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        state.paused_with = result.to_state().to_json()
+    except Exception as exc:  # the SDK cannot save it (a context it cannot serialize)
+        log.warning(
+            "run %s paused, but the SDK could not save its RunState (%s): carry it on with "
+            "DurableRunner.resume",
+            state.run_id,
+            exc,
+            extra={"run_id": state.run_id},
+        )
+        state.paused_with = None
+    await session.save(SavePoint.PAUSE)
+    session.emit("paused", pending=list(state.pending))
 
 
 def _is_function(tool: object) -> TypeGuard[FunctionTool]:

@@ -108,6 +108,7 @@ def full_state(run_id: str) -> RunState:
             "call_0": Resolution(step=2, outcome=ResolutionOutcome.FOUND, detail="by key", by="bo")
         },
         workspace={"notes.md": "b" * 64},
+        paused_with={"$schemaVersion": "1.0", "current_turn": 1, "items": [{"id": "c4"}]},
         fingerprint=Fingerprint(
             model="model-x",
             system_sha256="c" * 64,
