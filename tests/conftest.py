@@ -56,8 +56,14 @@ def patience() -> float:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Take the session's patience once, before any test runs."""
-    config.stash[_PATIENCE] = patience()
+    """Take the session's patience once, before any test runs, and hand it on.
+
+    The environment carries it to the test modules' limits on child processes
+    (``_helpers.patience.stretched``) and to the children themselves.
+    """
+    factor = patience()
+    config.stash[_PATIENCE] = factor
+    os.environ["DURABLY_TEST_PATIENCE"] = f"{factor:.2f}"
 
 
 def pytest_report_header(config: pytest.Config) -> str:

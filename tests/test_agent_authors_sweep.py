@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
+
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "agent-authors.md"
 _BLOCK = re.compile(r"<!-- sweep-example: [^>]*-->\n```python\n(.*?)```\n", re.S)
 SENDS = "key=ctx.idempotency_key)"
@@ -33,7 +35,7 @@ def run_suite(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
         env={k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=stretched(600),
         check=False,
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably.cli import EXIT
 
 ENV = {**os.environ, "COLUMNS": "200"}
@@ -28,7 +29,7 @@ def durably(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=ENV,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
 

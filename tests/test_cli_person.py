@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import main
 from durably.decisions import AskLater
@@ -64,7 +65,7 @@ def in_a_process(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         env=environment,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
 
@@ -367,7 +368,7 @@ def test_acting_on_an_answer_is_not_a_restart_but_a_crash_after_it_is(
         env=environment,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
     assert killed.returncode == -9, killed.stderr

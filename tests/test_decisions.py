@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import durably
+from _helpers.patience import stretched
 from _helpers.samples import state_a
 from durably import Agent, Call, Effect, Phase, Reply, ScriptedModel, ToolContext, tool
 from durably.approval import Answer
@@ -358,7 +359,7 @@ def test_a_process_killed_while_answering_leaves_the_question_or_the_answer(
         [sys.executable, "-c", _ANSWER_AND_DIE, str(store.directory), label],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -46,7 +48,13 @@ def run_example(
             str(path),
         ]
     return subprocess.run(
-        command, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=60, check=False
+        command,
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=stretched(60),
+        check=False,
     )
 
 
@@ -112,7 +120,7 @@ def test_the_refund_example_killed_after_the_refund_finds_its_run_and_refunds_on
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
         env={**os.environ, "COLUMNS": "200"},
     )

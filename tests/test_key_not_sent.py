@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 import durably
+from _helpers.patience import stretched
 from durably import Call, Effect, Reply, ToolContext
 from durably.testing import FakeService, strict
 from durably.transports import http_tool
@@ -28,7 +29,7 @@ def child(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, str(CHILD), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
 

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import durably
+from _helpers.patience import stretched
 from durably.keys import RUN_ID_PATTERN, idempotency_key, new_run_id, validate_run_id
 
 
@@ -99,7 +100,7 @@ def test_another_process_derives_the_same_key() -> None:
         capture_output=True,
         text=True,
         check=True,
-        timeout=60,
+        timeout=stretched(60),
         env={**os.environ, "PYTHONHASHSEED": "12345"},
     )
     assert json.loads(child.stdout) == [idempotency_key(r, c) for r, c in pairs]

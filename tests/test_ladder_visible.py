@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import durably
+from _helpers.patience import stretched
 from durably import Call, Effect, Reply, ToolContext
 
 CHILD = Path(__file__).parent / "_helpers" / "keyed_child.py"
@@ -22,7 +23,7 @@ def child(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, str(CHILD), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
 
@@ -56,7 +57,7 @@ def test_durably_show_lists_the_resolutions_and_approvals_of_a_finished_run(
         [sys.executable, "-m", "durably", "show", "refund-run", "--state", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
         env={**os.environ, "COLUMNS": "200"},
     )

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _helpers.patience import stretched
 from durably import listing
 from durably.listing import Listing, RunSummary, list_directory, list_runs_fully, select
 from durably.state import (
@@ -473,7 +474,7 @@ def test_a_lister_killed_mid_index_write_leaves_a_correct_listing(
             assert lister.stdout.readline().strip() == "half"
         finally:
             lister.send_signal(signal.SIGKILL)
-            lister.wait(timeout=30)
+            lister.wait(timeout=stretched(30))
     assert lister.returncode == -signal.SIGKILL
     left = [p.name for p in runs.iterdir() if p.name.startswith("..durably-index.")]
     assert len(left) == 1  # the half-written temp, never renamed over the index

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from _helpers.mutants import BY_NAME, CATALOG, ENV, HITS_ENV, Pending, PytestNodes, Sweep, installed
+from _helpers.patience import stretched
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -63,7 +64,13 @@ def _catch(name: str, scratch: Path) -> tuple[bool, str]:
         nodes = [str(TESTS / node) for node in catcher.nodes]
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes]
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+            command,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=stretched(600),
+            check=False,
         )
         failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
         # 1 is pytest's "some tests failed"; a usage or collection error proves nothing.
@@ -75,7 +82,13 @@ def _catch(name: str, scratch: Path) -> tuple[bool, str]:
         *("--config", catcher.config, "--json", str(report)),
     ]
     done = subprocess.run(
-        command, cwd=scratch, env=env, capture_output=True, text=True, timeout=600, check=False
+        command,
+        cwd=scratch,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=stretched(600),
+        check=False,
     )
     if not report.exists():
         return False, f"no report (exit {done.returncode}): {done.stderr[-2000:]}"

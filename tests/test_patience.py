@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _helpers.patience import stretched
+
 CONFTEST = Path(__file__).with_name("conftest.py")
 
 SLEEPER = """
@@ -33,7 +35,7 @@ def pytest_in(tmp_path: Path, patience: str) -> subprocess.CompletedProcess[str]
         env={**os.environ, "DURABLY_TEST_PATIENCE": patience},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=stretched(300),
         check=False,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import durably
+from _helpers.patience import stretched
 from durably.errors import DurablyError
 
 _SKIPPED_PACKAGES = ("durably.triage.sample",)
@@ -326,7 +327,11 @@ def test_the_names_the_docs_write_work_after_only_import_durably() -> None:
         "print('ok')\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=stretched(120),
+        check=False,
     )
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -19,7 +21,7 @@ def dry_run(target: str) -> list[str]:
         ["make", "-n", "-B", "-C", str(ROOT), "--no-print-directory", target],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=stretched(30),
         check=True,
     )
     return result.stdout.splitlines()
@@ -64,7 +66,7 @@ def test_what_the_readme_commands_write_in_a_checkout_is_ignored() -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=stretched(30),
         check=False,
     )
 
@@ -102,7 +104,7 @@ def test_the_demo_system_step_looks_for_the_venv_module_not_only_the_interpreter
         env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=stretched(30),
         check=False,
     )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably.state import RunState
 from durably.stores.journal import JournalStore
 
@@ -48,7 +49,11 @@ def modules_after(code: str) -> set[str]:
         "atexit.register(lambda: print(sorted(sys.modules), file=sys.stderr))\n" + code
     )
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=stretched(60),
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return set(ast.literal_eval(result.stderr.splitlines()[-1]))

@@ -11,6 +11,7 @@ import pytest
 
 import durably
 from _helpers import run_child, start_child
+from _helpers.patience import stretched
 from _helpers.samples import state_a, state_b, without_saved_at
 from durably.stores.file import FileStore
 
@@ -103,7 +104,7 @@ def test_a_run_held_by_another_process_is_locked_until_that_process_dies(
             with pytest.raises(durably.Locked):
                 store.open_sync("r1")
             os.kill(holder.pid, signal.SIGKILL)
-            assert holder.wait(timeout=30) == -signal.SIGKILL
+            assert holder.wait(timeout=stretched(30)) == -signal.SIGKILL
         finally:
             if holder.poll() is None:
                 holder.kill()

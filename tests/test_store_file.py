@@ -23,6 +23,7 @@ from typing_extensions import override
 
 import durably
 from _helpers import CHILD
+from _helpers.patience import stretched
 from _helpers.samples import state_a, state_b, without_saved_at
 from durably import _sysio as sysio
 from durably._sysio import FileSystem
@@ -430,7 +431,7 @@ def test_the_kernel_sees_temp_write_fsync_rename_dir_fsync(tmp_path: Path) -> No
         [*command, sys.executable, str(CHILD), "save", str(state_dir), "r1"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
     assert child.returncode == 0, child.stderr

@@ -23,6 +23,7 @@ import pytest
 
 import durably
 from _helpers.housekeeping_child import make_store, stepper
+from _helpers.patience import stretched
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.decisions import AskLater, answer
 from durably.state import Phase, RunState, ToolResult, UserMessage, utcnow
@@ -43,7 +44,7 @@ def durably_command(*args: str) -> subprocess.CompletedProcess[str]:
         env=environment,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
 
@@ -65,7 +66,9 @@ def holder() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started
     for process in started:
-        process.communicate(timeout=30)  # closes its stdin: it lets go of the run and ends
+        process.communicate(
+            timeout=stretched(30)
+        )  # closes its stdin: it lets go of the run and ends
 
 
 def hold(started: list[subprocess.Popen[str]], kind: str, directory: Path, run_id: str) -> None:
@@ -131,7 +134,7 @@ def test_a_running_owner_stops_after_its_current_save_and_the_run_ends_cancelled
     assert asked.returncode == 0, asked.stderr
     assert "asked the owner of r1 to stop" in asked.stdout
     assert (runs / "r1.cancel").exists()
-    out, err = owner.communicate("go\n", timeout=60)
+    out, err = owner.communicate("go\n", timeout=stretched(60))
     assert owner.returncode == 0, err
 
     assert json.loads(out) == {"status": "cancelled", "turns": 2, "stop": "cancelled"}
@@ -199,7 +202,7 @@ def test_a_cancel_left_for_an_owner_that_died_mid_call_waits_for_that_calls_ladd
     asked = durably_command("cancel", "r1", str(runs))
     assert "asked the owner of r1 to stop" in asked.stdout, asked.stderr
     owner.kill()
-    owner.communicate(timeout=30)
+    owner.communicate(timeout=stretched(30))
     assert owner.returncode == -signal.SIGKILL
     assert "c2" in make_store(kind, runs).read_sync("r1").markers
 
@@ -335,7 +338,7 @@ PRUNE_STEPS = [
 def kill_mid_prune(runs: Path, kind: str, label: str) -> None:
     """Run a prune in a child process that SIGKILLs itself at ``label``."""
     pruner = child("prune", kind, str(runs), "-", label)
-    out, err = pruner.communicate(timeout=60)
+    out, err = pruner.communicate(timeout=stretched(60))
     assert pruner.returncode == -signal.SIGKILL, (out, err)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import durably
 from _helpers.mutants import no_datasync
+from _helpers.patience import stretched
 from durably import faults
 from durably.state import AssistantMessage, RunState, ToolCall, ToolResult, UserMessage, utcnow
 from durably.stores import framedlog
@@ -281,7 +282,7 @@ def test_a_second_process_gets_locked_until_the_first_dies(tmp_path: Path) -> No
             [sys.executable, "-c", TRY_OPEN, str(tmp_path / "runs")],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=stretched(30),
             check=True,
         )
         assert other.stdout.strip() == "Locked"

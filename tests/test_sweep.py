@@ -18,6 +18,7 @@ import pytest
 from typing_extensions import override
 
 import durably
+from _helpers.patience import stretched
 from durably import Effect, ToolContext, tool
 from durably.sweep import (
     CONFIGS,
@@ -336,7 +337,7 @@ def test_the_reference_triage_sweep_matches_the_table_in_the_repository(tmp_path
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=1100,
+        timeout=stretched(1100),
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from _helpers.patience import stretched
 from durably import faults
 from durably.stores.journal import JournalStore
 from durably.sweep import CONFIGS, Config, StoreFactory, _chain, labelled
@@ -226,7 +227,7 @@ def test_the_sweep_command_judges_alike_with_and_without_chains(tmp_path: Path) 
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=500,
+            timeout=stretched(500),
             check=False,
         )
         assert done.returncode == 0, done.stderr[-3000:]

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from _helpers.mutants import ENV
+from _helpers.patience import stretched
 
 TESTS = Path(__file__).parent
 SITE = TESTS / "_helpers" / "mutant_site"
 HEADERS = ("configuration", "d", "scen", "points", "fin", "dup", "lost", "asked", "paid2", "chk")
-HANG_GUARD = 900  # seconds: a hang guard, far beyond a loaded machine's worst
+HANG_GUARD = stretched(900)  # seconds: a hang guard, far beyond a loaded machine's worst
 SWEEP = (sys.executable, "-m", "durably", "sweep", "--jobs", "2")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from _helpers.mutants import ENV
+from _helpers.patience import stretched
 from durably.sweep import (
     CONFIGS,
     Config,
@@ -126,7 +127,7 @@ def test_the_sweep_command_exits_1_when_no_kill_happens(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=stretched(600),
         check=False,
     )
     assert done.returncode == 1, done.stderr[-2000:]

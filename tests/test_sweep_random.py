@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably.sweep.randomkill import RandomReport, RandomRun, run_random_sweep
 from durably.triage.job import TriageDemo
 from durably.triage.world import UnknownTask, World
@@ -80,7 +81,9 @@ def test_the_cli_runs_a_random_sweep_with_any_seed(tmp_path: Path) -> None:
     out = tmp_path / "random.json"
     command = [sys.executable, "-m", "durably", "sweep", "--random", "2", "--kills", "2"]
     command += ["--seed", "7", "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=stretched(300), check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2/2 runs clean" in done.stdout
     assert json.loads(out.read_text())["seed"] == 7

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _helpers import CHILD
+from _helpers.patience import stretched
 from _helpers.samples import state_a
 from durably.stores.file import FileStore
 from durably.sweep.syscalls import (
@@ -124,7 +125,7 @@ def _kill_then_resume(tmp_path: Path, target: Callable[[Call], bool]) -> str:
         ["strace", "-f", "-qq", "-y", "-e", f"trace={kinds}", "-o", str(count), *counted],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
     assert traced.returncode == 0, traced.stderr
@@ -141,13 +142,13 @@ def _kill_then_resume(tmp_path: Path, target: Callable[[Call], bool]) -> str:
         ["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={chosen.kind}", *kill],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
     # strace ends the way its tracee did: by the same signal.
     assert killed.returncode in (-9, 128 + 9), (killed.returncode, killed.stderr[-2000:])
     resumed = subprocess.run(
-        _triage(state), capture_output=True, text=True, timeout=120, check=False
+        _triage(state), capture_output=True, text=True, timeout=stretched(120), check=False
     )
     return resumed.stdout
 
@@ -172,7 +173,7 @@ def test_a_kill_inside_a_first_save_leaves_no_temp_for_ever(tmp_path: Path) -> N
         [*STRACE, "-e", "inject=renameat:signal=KILL:when=1", *child],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
     assert killed.returncode in (-9, 128 + 9), killed.stderr
@@ -227,7 +228,9 @@ def test_the_cli_sweeps_system_calls_and_prints_kills_per_kind(tmp_path: Path) -
     table = tmp_path / "table.txt"
     command = [sys.executable, "-m", "durably", "sweep", "--syscalls", "--depth", "1"]
     command += ["--sample", "1", "--stores", "journal", "--jobs", "2", "--text", str(table)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=stretched(300), check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "kill points / real kills per call kind" in done.stdout
     assert table.read_text().startswith("system-call sweep (sample: at most 1 kills per call kind)")

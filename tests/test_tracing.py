@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from _helpers.patience import stretched
 from _helpers.traced_child import RUN_ID, agent
 from durably import (
     Agent,
@@ -32,7 +33,7 @@ from durably import (
 from durably.state import ToolResult
 
 HELPERS = Path(__file__).parent / "_helpers"
-CHILD_TIMEOUT = 120
+CHILD_TIMEOUT = stretched(120)
 
 
 @pytest.fixture

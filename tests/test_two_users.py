@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from _helpers.two_users import NEEDS_TWO_USERS, as_user
 from durably.cli import EXIT
 
@@ -35,7 +36,7 @@ def durably(*args: str | Path, umask: int | None = None) -> subprocess.Completed
         capture_output=True,
         text=True,
         env=ENV,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
         preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
     )
@@ -129,7 +130,7 @@ def durably_in(cwd: Path, *args: str, script: bool) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         env=environment,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
 

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _helpers.patience import stretched
+
 
 def kill_once(root: Path) -> None:
     """SIGKILL this process, the first time any process of the world ``root`` gets here."""
@@ -38,7 +40,7 @@ def run_peer(
         [sys.executable, str(script), system, str(root), phase, *kill_at],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=stretched(300),
         check=False,
     )
 

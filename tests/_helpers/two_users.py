@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
+
 __all__ = ["NEEDS_TWO_USERS", "as_user", "shared_directory", "throwaway_user"]
 
 NEEDS_TWO_USERS = pytest.mark.skipif(
@@ -59,5 +61,5 @@ def as_user(user: str, script: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=stretched(120),
     )

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from _helpers.patience import stretched
+
 DURABLY = [sys.executable, "-m", "durably"]
 
 SERVE = (
@@ -49,7 +51,7 @@ class Console:
         """Stop the console; what it wrote after the address line."""
         if self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=stretched(10))
         assert self.process.stdout is not None
         if not self.process.stdout.closed:
             self.output = self.process.stdout.read()

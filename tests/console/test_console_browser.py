@@ -28,6 +28,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from _helpers.patience import stretched
 from durably.stores.file import FileStore
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def durably(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """One ``durably`` command in its own process."""
     env = {k: v for k, v in os.environ.items() if k != "DURABLY_DSN"}
     return subprocess.run(
-        [*DURABLY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [*DURABLY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=stretched(120)
     )
 
 

@@ -21,6 +21,7 @@ import pytest
 from _console_process import SERVE, Console
 from _console_runs import LONG, RUN, many_calls_run, paused_run
 
+from _helpers.patience import stretched
 from _helpers.two_users import NEEDS_TWO_USERS, as_user
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ def consoles() -> Iterator[list[Console]]:
 def get(url: str) -> tuple[int, str]:
     """The status and body of a GET, errors included."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 (http://127.0.0.1)
+        with urllib.request.urlopen(url, timeout=stretched(60)) as response:  # noqa: S310 (http://127.0.0.1)
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -213,7 +214,7 @@ def test_a_long_run_renders_while_other_requests_are_answered(
     status, page = get(f"{console.url}runs/{LONG}")
     ended = time.monotonic()
     done.set()
-    asker.join(timeout=60)
+    asker.join(timeout=stretched(60))
 
     assert status == 200
     assert page.count('class="call"') == 8000 * 5 + 1

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _helpers.patience import stretched
+
 HERE = Path(__file__).parent
 
 
@@ -44,5 +46,5 @@ class Server:
         assert self.process.stdin is not None
         assert self.process.stdout is not None
         self.process.stdin.close()
-        self.process.wait(timeout=30)
+        self.process.wait(timeout=stretched(30))
         self.process.stdout.close()

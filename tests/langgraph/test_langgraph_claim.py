@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from _lg_agent import build, question
 
+from _helpers.patience import stretched
 from durably.langgraph import DurablySaver, ThreadLocked
 
 CHILD = Path(__file__).with_name("_lg_claim_child.py")
@@ -52,7 +53,7 @@ class Thread:
 
     def finish(self, process: subprocess.Popen[str]) -> dict[str, Any]:
         """Wait for a process; what it printed."""
-        out, _ = process.communicate(timeout=300)
+        out, _ = process.communicate(timeout=stretched(300))
         assert process.returncode == 0, out
         result: dict[str, Any] = json.loads(out)
         return result

@@ -20,6 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import EXT_CONSTRUCTOR_POS_ARGS, JsonPlusSerializer
 
+from _helpers.patience import stretched
 from durably import UnsafePath
 from durably.langgraph import DurablySaver, ThreadValueRefused
 
@@ -153,11 +154,11 @@ def test_a_fifo_at_the_header_is_refused_at_once(tmp_path: Path) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    reader.join(timeout=60)
+    reader.join(timeout=stretched(60))
     if reader.is_alive():
         # Free the blocked open (a writer end) so the thread ends, then fail.
         os.close(os.open(tmp_path / "t.json", os.O_WRONLY | os.O_NONBLOCK))
-        reader.join(timeout=10)
+        reader.join(timeout=stretched(10))
         pytest.fail("get_tuple blocked on a FIFO at the thread's header")
     (error,) = outcome
     assert isinstance(error, UnsafePath), error

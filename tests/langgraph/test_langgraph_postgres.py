@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from _lg_agent import build, question
 
+from _helpers.patience import stretched
 from durably.errors import LeaseLost
 from durably.langgraph import PostgresThreadSaver, ThreadLocked
 
@@ -56,7 +57,7 @@ class PgThread:
 
     def finish(self, process: subprocess.Popen[str]) -> dict[str, Any]:
         """Wait for a process; what it printed."""
-        out, _ = process.communicate(timeout=300)
+        out, _ = process.communicate(timeout=stretched(300))
         assert process.returncode == 0, out
         result: dict[str, Any] = json.loads(out)
         return result
@@ -189,9 +190,9 @@ def test_a_keyed_tool_on_the_postgres_saver_charges_once_across_a_sigkill(
     """
     charges = tmp_path / "charges"
     child = [sys.executable, str(HERE / "_lg_pg_tools_child.py"), pg_dsn, str(charges)]
-    killed = subprocess.run([*child, label], capture_output=True, text=True, timeout=300)
+    killed = subprocess.run([*child, label], capture_output=True, text=True, timeout=stretched(300))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    resumed = subprocess.run([*child, "-"], capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run([*child, "-"], capture_output=True, text=True, timeout=stretched(300))
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == {"last": "all done"}
     requests = charges.read_text().splitlines() if charges.exists() else []
@@ -204,7 +205,7 @@ def test_a_keyed_tool_on_the_postgres_saver_charges_once_across_a_sigkill(
         [sys.executable, "-m", "durably", "runs", "--dsn", pg_dsn],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=stretched(300),
     )
     assert listed.returncode == 0, listed.stderr
     rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines()]

@@ -12,6 +12,7 @@ from _loop_world import ANSWER, TASK, Job, World, answer, calls, reply, tool_res
 from typing_extensions import override
 
 import durably
+from _helpers.patience import stretched
 from durably import Agent, Effect, FileStore, Phase, ScriptedModel, ToolContext
 from durably._sysio import FileSystem
 from durably.models import ModelRequest, Reply
@@ -34,7 +35,9 @@ class GatedFileSystem(FileSystem):
         if self.armed:
             self.armed = False
             self.entered.set()
-            if not self.release.wait(timeout=30):  # a guard against a hung test, not a clock
+            if not self.release.wait(
+                timeout=stretched(30)
+            ):  # a guard against a hung test, not a clock
                 raise OSError(errno.EIO, "the test never released the fsync")
         super().fsync(fd)
 

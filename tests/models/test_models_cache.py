@@ -27,6 +27,7 @@ from _models_fakes import (
     serving,
 )
 
+from _helpers.patience import stretched
 from durably import FileStore, Limits, PolicyApprover, TurnLimit, Usage, new_run_id
 from durably.state import AssistantMessage
 from durably.triage.agent import build_agent
@@ -129,7 +130,7 @@ def test_a_resumed_run_reads_what_the_dead_process_cached(
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=stretched(60),
             check=False,
         )
         assert child.returncode == -signal.SIGKILL, child.stderr

@@ -24,6 +24,7 @@ from _models_fakes import (
     serving,
 )
 
+from _helpers.patience import stretched
 from durably import (
     CallLog,
     FileStore,
@@ -71,7 +72,7 @@ def test_a_reply_is_asked_again_only_if_it_was_not_saved(
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=stretched(60),
             check=False,
         )
         assert child.returncode == -signal.SIGKILL, child.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from _models_fakes import M1, SECRET, FakeProvider, recorded_answer, recorded_turns, serving
 
+from _helpers.patience import stretched
 from durably import ModelError, Price, Usage
 from durably.models.anthropic import DEFAULT_MODEL as ANTHROPIC_DEFAULT
 from durably.models.anthropic import AnthropicModel
@@ -101,7 +102,11 @@ def test_importing_durably_and_its_adapters_imports_no_sdk() -> None:
         "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=stretched(60),
     )
     assert done.stdout.strip() == "[]"
 
@@ -114,7 +119,7 @@ def triage(state: Path, *args: str, env: dict[str, str]) -> subprocess.Completed
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
 

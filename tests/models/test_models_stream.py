@@ -16,6 +16,7 @@ import pytest
 from _models_fakes import M1, close, m1_fake, provider_model, serving
 from rich.console import Console
 
+from _helpers.patience import stretched
 from durably import (
     Delta,
     FileStore,
@@ -121,7 +122,7 @@ def test_a_process_killed_mid_stream_asks_again_exactly_once(tmp_path: Path, pro
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=stretched(60),
             check=False,
         )
         assert child.returncode == -signal.SIGKILL, child.stderr

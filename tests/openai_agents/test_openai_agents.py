@@ -19,6 +19,7 @@ import pytest
 from _oai_world import build
 
 import durably
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.engine import Save, SavePoint
@@ -244,7 +245,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=stretched(120),
         env={**os.environ, "NO_COLOR": "1"},
     )
 

@@ -24,6 +24,7 @@ from agents import Agent, RunContextWrapper, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 import durably
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import Effect, faults
 from durably.approval import Deferred
@@ -94,7 +95,7 @@ class Place:
             capture_output=True,
             text=True,
             check=False,
-            timeout=120,
+            timeout=stretched(120),
             env={**os.environ, "NO_COLOR": "1"},
         )
         assert done.returncode == 0, done.stderr

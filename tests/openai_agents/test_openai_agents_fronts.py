@@ -19,6 +19,7 @@ from _oai_world import build
 from agents import Agent
 
 import durably
+from _helpers.patience import stretched
 from _helpers.refund_world import EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.openai_agents import DurableRunner, worker_agent
@@ -65,7 +66,7 @@ def _cli(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=stretched(120),
         env=environment,
     )
 

@@ -18,6 +18,7 @@ from _oai_world import build
 
 import durably
 from _helpers.adapter_checks import Person, check_killed_on_postgres
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.openai_agents import WorkerAgent, worker_agent
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.postgres
 LEASE = timedelta(seconds=1)
 """The killed process's lease: the next process may take the run once it has run out."""
 
-WAIT = 120
+WAIT = stretched(120)
 """Seconds a worker gets to finish a run (it takes about one): generous, a guard against hangs."""
 
 TESTS = Path(__file__).parent

@@ -23,6 +23,7 @@ from _pai_world import build
 from starlette.testclient import TestClient
 
 import durably
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, NOTE, TASK, Service
 from durably import faults
 from durably.console.server import create_app
@@ -177,7 +178,7 @@ def _cli(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=stretched(120),
         env=environment,
     )
 

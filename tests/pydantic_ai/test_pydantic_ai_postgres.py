@@ -17,6 +17,7 @@ from _pai_world import build
 
 import durably
 from _helpers.adapter_checks import LEASE, Person, check_killed_on_postgres
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.postgres import PostgresStore, Registry, WorkReport, submit, work
@@ -163,7 +164,7 @@ def test_durably_submit_and_worker_run_a_registered_pydantic_ai_agent(
     submitted = _cli(
         "submit", "--dsn", pg_dsn, "--agent", "pai-refunds", "--run", RUN_ID, root=tmp_path
     )
-    out, _ = submitted.communicate(timeout=60)
+    out, _ = submitted.communicate(timeout=stretched(60))
     assert submitted.returncode == 0, out
     assert out.strip() == RUN_ID
 
@@ -181,7 +182,7 @@ def test_durably_submit_and_worker_run_a_registered_pydantic_ai_agent(
 
         state = asyncio.run(answered())
         worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=60)
+        out, _ = worker.communicate(timeout=stretched(60))
     finally:
         if worker.poll() is None:
             worker.kill()

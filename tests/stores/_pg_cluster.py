@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from _helpers.patience import stretched
+
 UNPRIVILEGED = "nobody"
 
 
@@ -111,7 +113,11 @@ class Cluster:
 
     def _server(self, *args: str) -> None:
         done = subprocess.run(
-            [*_as_server_user(), *args], capture_output=True, text=True, check=False, timeout=120
+            [*_as_server_user(), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=stretched(120),
         )
         if done.returncode != 0:
             log = self.log.read_text() if self.log.exists() else ""

@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any, Self
 
+from _helpers.patience import stretched
+
 CHILD = Path(__file__).with_name("_pg_child.py")
 
 
@@ -50,7 +52,7 @@ class Child:
         except queue.Empty:
             raise AssertionError(f"child {self.pid} said nothing for {timeout}s") from None
         if line is None:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=stretched(10))
             if self.process.stderr is not None:
                 stderr = self.process.stderr.read()
             else:
@@ -79,8 +81,8 @@ class Child:
         """SIGKILL the child (if still running), wait for it, and close its pipes."""
         if self.process.poll() is None:
             self.process.kill()
-        self.process.wait(timeout=10)
-        self._reader.join(timeout=10)  # it stops at EOF; only then may stdout be closed
+        self.process.wait(timeout=stretched(10))
+        self._reader.join(timeout=stretched(10))  # it stops at EOF; only then may stdout be closed
         for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
             if pipe is not None and not pipe.closed:
                 with contextlib.suppress(OSError):

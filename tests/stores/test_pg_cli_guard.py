@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from _pg_cluster import Cluster
 
+from _helpers.patience import stretched
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import EXIT
 from durably.decisions import AskLater
@@ -60,7 +61,7 @@ def durably(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env={**environment, "COLUMNS": "400"},
-        timeout=120,
+        timeout=stretched(120),
         check=False,
     )
 

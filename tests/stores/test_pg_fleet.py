@@ -26,6 +26,7 @@ from _pg_jobs import CALLS, JOB, Ledger
 from _pg_sql import sql
 
 import durably
+from _helpers.patience import stretched
 from _helpers.samples import state_a
 from durably.postgres import PostgresStore, queue, submit
 from durably.postgres.fleet import heartbeat
@@ -88,7 +89,7 @@ class Durably:
 
     def finish(self) -> int:
         """Wait for it to exit; its exit status."""
-        code = self.process.wait(timeout=30 * PATIENCE)
+        code = self.process.wait(timeout=stretched(30) * PATIENCE)
         self._close()
         return code
 
@@ -96,11 +97,11 @@ class Durably:
         """SIGKILL it if it still runs, and close its pipe."""
         if self.process.poll() is None:
             self.process.kill()
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=stretched(10))
         self._close()
 
     def _close(self) -> None:
-        self._reader.join(timeout=10)  # it stops at EOF; only then may stdout be closed
+        self._reader.join(timeout=stretched(10))  # it stops at EOF; only then may stdout be closed
         if self.process.stdout is not None and not self.process.stdout.closed:
             self.process.stdout.close()
 

@@ -18,6 +18,7 @@ from _pg_procs import Child
 from _pg_sql import sql
 
 import durably
+from _helpers.patience import stretched
 from _helpers.samples import state_a
 from durably.postgres import PostgresRun, PostgresStore, Registry, WorkReport, submit, work
 from durably.postgres import queue as postgres_queue
@@ -228,7 +229,7 @@ def stop_when(
             assert worker.poll() is None
             time.sleep(0.05)
         worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=30)
+        out, _ = worker.communicate(timeout=stretched(30))
         return out
     finally:
         if worker.poll() is None:
@@ -245,7 +246,7 @@ def test_sigterm_hands_runs_in_flight_back_at_once(pg_dsn: str, tmp_path: Path) 
         submitted = durably_cli(
             "submit", "--dsn", pg_dsn, "--agent", JOB, "--import", "_pg_cli_agents", root=tmp_path
         )
-        out, _ = submitted.communicate(timeout=30)
+        out, _ = submitted.communicate(timeout=stretched(30))
         assert submitted.returncode == 0, out
         run_ids.append(out.strip())
     (tmp_path / "pause").write_text("note")
@@ -285,7 +286,7 @@ def test_the_cli_runs_a_submitted_triage_task(pg_dsn: str, tmp_path: Path) -> No
     submitted = durably_cli(
         "submit", "--dsn", pg_dsn, "--agent", "triage:m1-done-after-delete", root=tmp_path
     )
-    out, _ = submitted.communicate(timeout=30)
+    out, _ = submitted.communicate(timeout=stretched(30))
     assert submitted.returncode == 0, out
     run_id = out.strip()
     worker = durably_cli(
@@ -308,7 +309,7 @@ def test_submit_refuses_an_agent_no_worker_would_claim(pg_dsn: str, tmp_path: Pa
     submitted = durably_cli(
         "submit", "--dsn", pg_dsn, "--agent", "no-such-agent", "--task", "x", root=tmp_path
     )
-    out, _ = submitted.communicate(timeout=30)
+    out, _ = submitted.communicate(timeout=stretched(30))
     assert submitted.returncode == 2, out
     assert "no agent named 'no-such-agent' is registered" in out
     assert "triage:m1-done-after-delete" in out  # what is registered

@@ -11,8 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from _helpers.patience import stretched
+
 HERE = Path(__file__).parent
-CHILD_TIMEOUT = 60
+CHILD_TIMEOUT = stretched(60)
 
 
 @contextmanager

@@ -16,6 +16,8 @@ import httpx
 import pytest
 from _orders_world import CHILD_TIMEOUT, HERE, jsonl
 
+from _helpers.patience import stretched
+
 LIMIT = 2**20  # the service's max_body and max_response
 MiB = 2**20
 
@@ -61,7 +63,7 @@ def test_a_keyed_body_over_max_body_is_413_without_running_or_reading_it(
             sent += len(chunk)
             yield chunk
 
-    with limits_service(service_dir) as (url, pid), httpx.Client(timeout=60) as client:
+    with limits_service(service_dir) as (url, pid), httpx.Client(timeout=stretched(60)) as client:
         warm = client.post(f"{url}/orders", json={}, headers={"Idempotency-Key": "warm"})
         before = rss(pid)
         streamed = client.post(f"{url}/orders", content=body(), headers={"Idempotency-Key": "k1"})
@@ -92,7 +94,7 @@ def test_a_response_over_max_response_is_sent_unstored_and_its_key_refuses_retri
     """
     size = 3 * MiB
     headers = {"Idempotency-Key": "k-big"}
-    with limits_service(service_dir) as (url, _), httpx.Client(timeout=60) as client:
+    with limits_service(service_dir) as (url, _), httpx.Client(timeout=stretched(60)) as client:
         first = client.post(f"{url}{path}?n={size}", headers=headers)
         retry = client.post(f"{url}{path}?n={size}", headers=headers)
         lookup = client.get(f"{url}/idempotency/k-big")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from _helpers.patience import stretched
+
 
 def test_importing_durably_transports_and_receivers_stays_light() -> None:
     """``import durably.transports, durably.receivers`` loads neither httpx, mcp nor starlette."""
@@ -15,6 +17,10 @@ def test_importing_durably_transports_and_receivers_stays_light() -> None:
         " if m in sys.modules)))"
     )
     loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=stretched(60),
     )
     assert json.loads(loaded.stdout) == []

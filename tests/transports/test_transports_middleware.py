@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from _helpers.patience import stretched
 from durably.receivers import IdempotencyMiddleware, IdempotencyStore
 
 KEY = "4f1c2a7be9d04c33a1b2c3d4e5f60718"
@@ -265,10 +266,10 @@ def test_keys_survive_a_killed_and_restarted_service(service_dir: Path) -> None:
     order = {"item": "widget", "quantity": 2, "reference": "po-17"}
     headers = {"Idempotency-Key": KEY}
     with order_service(service_dir, keys=True) as (url, process):
-        first = httpx.post(f"{url}/orders", json=order, headers=headers, timeout=30)
+        first = httpx.post(f"{url}/orders", json=order, headers=headers, timeout=stretched(30))
         process.kill()
     with order_service(service_dir, keys=True) as (url, _):
-        second = httpx.post(f"{url}/orders", json=order, headers=headers, timeout=30)
+        second = httpx.post(f"{url}/orders", json=order, headers=headers, timeout=stretched(30))
     assert first.status_code == 201
     assert (second.status_code, second.content) == (201, first.content)
     assert second.headers["idempotent-replayed"] == "true"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from _helpers.patience import stretched
 from durably import cli as durably_cli
 from durably.cli import EXIT
 from durably.cli import runs as cli_runs
@@ -175,11 +176,13 @@ def test_second_process_on_an_open_run_is_refused_at_once(state: Path) -> None:
         env=WIDE,
     )
     try:
-        asked = read_until(first, APPROVAL_PROMPT, timeout=30)
+        asked = read_until(first, APPROVAL_PROMPT, timeout=stretched(30))
         assert "Approve file_issue (keyed)?" in asked
         run = only_run(state)
 
-        second = durably("triage", "--task", M1, "--state", state, "--approve", "off", timeout=20)
+        second = durably(
+            "triage", "--task", M1, "--state", state, "--approve", "off", timeout=stretched(20)
+        )
         assert first.poll() is None, "the first process must still hold the run"
     finally:
         first.kill()
@@ -280,7 +283,7 @@ def test_bad_arguments_are_refused_at_once_naming_the_argument(
     file that could not be written later: exit 2 with the reason, before any run or sweep
     starts (a sweep writes its report only after a minute of work).
     """
-    result = durably(*(a.format(tmp=tmp_path) for a in args), timeout=30)
+    result = durably(*(a.format(tmp=tmp_path) for a in args), timeout=stretched(30))
 
     assert result.returncode == EXIT["usage"], result.stdout + result.stderr
     assert says.format(tmp=tmp_path) in result.stderr
@@ -326,7 +329,7 @@ def test_the_power_loss_sweep_finds_no_violation_and_catches_every_mutant() -> N
         [sys.executable, "-m", "durably", "sweep", "--power-loss", "--jobs", "2"],
         capture_output=True,
         text=True,
-        timeout=850,
+        timeout=stretched(850),
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -369,7 +372,7 @@ def test_the_sweep_on_the_journal_store_is_clean_at_depth_two_and_its_table_is_w
     result = durably(
         "sweep", "--store", "journal", "--depth", "2", "--jobs", "2",
         "--config", "keys honoured", "--json", report,
-        env=piped, timeout=280,
+        env=piped, timeout=stretched(280),
     )  # fmt: skip
     assert result.returncode == EXIT["done"], result.stdout + result.stderr
     words = " ".join(result.stdout.split())
@@ -439,7 +442,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly(state: Path, crashed: 
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
+            timeout=stretched(60),
             check=False,
         )
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably.cli import EXIT
 
 M1 = "m1-done-after-delete"
@@ -59,7 +60,7 @@ def saved_state(state: Path) -> dict[str, object]:
         capture_output=True,
         text=True,
         env=ENV,
-        timeout=60,
+        timeout=stretched(60),
         check=False,
     )
     assert shown.returncode == 0, shown.stderr
@@ -85,11 +86,11 @@ def test_ctrl_c_at_the_approval_prompt_exits_130_at_once_with_the_run_saved_paus
             os._exit(127)
     code: int | None = None
     try:
-        read_pty_until(fd, APPROVAL_PROMPT, timeout=60)
+        read_pty_until(fd, APPROVAL_PROMPT, timeout=stretched(60))
         time.sleep(0.2)  # the prompt is written just before the read starts waiting
         typed = time.monotonic()
         os.write(fd, b"\x03")  # the terminal's interrupt character: SIGINT to the foreground
-        code = wait_exit(pid, timeout=5)
+        code = wait_exit(pid, timeout=stretched(5))
         took = time.monotonic() - typed
     finally:
         if code is None:  # still running (or the test failed before): do not leave it behind
@@ -127,7 +128,7 @@ def test_an_approver_nobody_can_answer_leaves_the_run_paused_with_exit_3(
             capture_output=True,
             text=True,
             env=ENV,
-            timeout=120,
+            timeout=stretched(120),
             check=False,
         )
 
@@ -158,7 +159,7 @@ def test_max_resumes_on_the_command_line_stops_a_restart_and_a_higher_one_goes_o
             capture_output=True,
             text=True,
             env=ENV,
-            timeout=120,
+            timeout=stretched(120),
             check=False,
         )
 
@@ -202,7 +203,7 @@ def test_ctrl_c_during_a_model_call_exits_130_at_once_with_the_call_marked(
         time.sleep(0.3)
         typed = time.monotonic()
         os.write(fd, b"\x03")
-        code = wait_exit(pid, timeout=5)
+        code = wait_exit(pid, timeout=stretched(5))
         took = time.monotonic() - typed
         connection.close()
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably.cli import EXIT
 from durably.triage.world import World
 
@@ -152,7 +153,7 @@ def test_a_lock_file_deleted_while_held_stops_the_owner_before_it_writes(tmp_pat
         run = lock.stem
         before = everything_done(state, run)
         lock.unlink()  # a tmp cleaner
-        out, err = first.communicate(b"y\n", timeout=60)
+        out, err = first.communicate(b"y\n", timeout=stretched(60))
     finally:
         if first.poll() is None:
             first.kill()
@@ -195,6 +196,6 @@ def test_a_fifo_in_the_store_is_refused_without_blocking(tmp_path: Path, where: 
     path.unlink()
     os.mkfifo(path, 0o600)
     for command in (["show", run], ["runs"], ["triage", "--task", M1, "--approve", "off"]):
-        result = durably(*command, "--state", state, timeout=20)
+        result = durably(*command, "--state", state, timeout=stretched(20))
         assert result.returncode == EXIT["failed"], result.stdout + result.stderr
         assert "a FIFO" in result.stderr, result.stderr

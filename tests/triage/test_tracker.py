@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from _helpers.patience import stretched
 from durably.triage.tracker import (
     AlreadyFiled,
     FiledIssue,
@@ -255,7 +256,7 @@ def test_two_processes_file_concurrently(tmp_path: Path) -> None:
         for name in ("alpha", "beta")
     ]
     go.touch()
-    outputs = [child.communicate(timeout=60) for child in children]
+    outputs = [child.communicate(timeout=stretched(60)) for child in children]
     for child, (_, stderr) in zip(children, outputs, strict=True):
         assert child.returncode == 0, stderr
     numbers = [int(line) for stdout, _ in outputs for line in stdout.split()]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers.patience import stretched
 from durably._sysio import append_line, write_file
 from durably.models import CallLog
 from durably.triage.tools import _record_patch, patches_log
@@ -102,14 +103,20 @@ def test_the_demo_leaves_its_world_private_and_writes_no_file_through_a_link(
     state = tmp_path / "state"
     command = [sys.executable, "-m", "durably", "triage", "--task", TASK, "--approve", "off"]
     command += ["--model", "replay", "--state", str(state)]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    first = subprocess.run(
+        command, capture_output=True, text=True, timeout=stretched(120), check=False
+    )
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     (world,) = (state / "worlds").iterdir()
     checks = world / "checks.json"
     checks.unlink()
     checks.symlink_to(victim)
     again = subprocess.run(
-        [*command, "--run", world.name], capture_output=True, text=True, timeout=120, check=False
+        [*command, "--run", world.name],
+        capture_output=True,
+        text=True,
+        timeout=stretched(120),
+        check=False,
     )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert victim.read_text() == "precious\n"
