@@ -35,9 +35,10 @@ def test_every_save_has_its_own_crash_point_label() -> None:
 
 def test_the_engine_saves_only_through_named_points() -> None:
     """No save in the engine or the loop is made with a free string label."""
+    package = Path(__file__).parent.parent / "src" / "durably"
     source = "".join(
-        (Path(__file__).parent.parent / "src" / "durably" / name).read_text()
-        for name in ("engine.py", "loop.py")
+        path.read_text()
+        for path in [*sorted((package / "engine").glob("*.py")), package / "loop.py"]
     )
 
     assert re.findall(r"\.save\(\s*[\"']", source) == []

@@ -20,7 +20,8 @@ def _emitted_kinds() -> set[str]:
     The loop's source is ``durably.loop`` and the engine it drives, ``durably.engine``.
     """
     found: set[str] = set()
-    source = inspect.getsource(durably.loop) + "\n" + inspect.getsource(durably.engine)
+    engine = [durably.engine.core, durably.engine.calls, durably.engine.records]
+    source = "\n".join(inspect.getsource(module) for module in [durably.loop, *engine])
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call):
             continue
