@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -428,3 +429,52 @@ def test_a_prune_killed_at_any_step_leaves_each_run_whole_or_gone(
         assert files_of(runs, "a") == files_of(runs, "b") == []
         assert [name for name in os.listdir(runs) if name.startswith(".")] == []
         assert store.list_runs_sync() == ["w"]
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+@pytest.mark.parametrize("call", ["renameat", "unlinkat", "fsync"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prune_killed_at_every_rename_unlink_and_fsync_leaves_each_run_whole_or_gone(
+    tmp_path: Path, kind: str, call: str
+) -> None:
+    """The pruning process is SIGKILLed (by strace) as it enters its Nth ``call``, N from 1 until a
+    prune finishes unkilled: after every kill each run is whole or gone, and the next prune
+    leaves nothing of the pruned runs behind (instants no crash point names).
+    """
+    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    kills = 0
+    for n in range(1, 50):
+        runs = tmp_path / f"n{n}" / "runs"
+        store = make_store(kind, runs)
+        before = {run_id: finished_run(store, run_id) for run_id in ("a", "b")}
+        before["w"] = finished_run(store, "w", Phase.PAUSED)
+        inject = f"inject={call}:signal=KILL:when={n}"
+        pruner = subprocess.run(
+            [
+                *("strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={call}", "-e", inject),
+                *(sys.executable, str(CHILD), "prune", kind, str(runs), "-", ""),
+            ],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=stretched(60),
+            check=False,
+        )
+        if pruner.returncode == 0:
+            assert json.loads(pruner.stdout)["pruned"] == ["a", "b"]
+            break
+        assert pruner.returncode == -signal.SIGKILL, pruner.stderr
+        kills += 1
+        whole = {
+            run_id: whole_or_gone(store, run_id, state, open_it=False)
+            for run_id, state in before.items()
+        }
+        assert whole["w"]
+        report = store.prune_sync(timedelta(0), utcnow() + timedelta(days=1))
+        assert set(report.pruned) == {run_id for run_id in ("a", "b") if whole[run_id]}
+        assert files_of(runs, "a") == files_of(runs, "b") == []
+        assert [name for name in os.listdir(runs) if name.startswith(".")] == []
+        assert store.read_sync("w") == before["w"]
+    else:
+        pytest.fail(f"the prune never finished unkilled at {call}")
+    assert kills >= 2  # at least one kill for each of the two runs

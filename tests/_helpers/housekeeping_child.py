@@ -10,7 +10,8 @@ the store kind ``file`` (``FileStore``) or ``journal`` (``JournalStore``). The c
 - ``hold``: open the run, print ``ready``, and keep it open until stdin closes.
 - ``prune``: prune every finished run (``older_than`` 0, ``now`` a day ahead) under a
   CrashPlan that SIGKILLs this process at crash point ``label`` (``label@N``: its
-  Nth time); print the report as JSON if it is never reached.
+  Nth time; none when empty: strace kills it instead); print the report as JSON if
+  it is never reached.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main(command: str, kind: str, directory: str, run_id: str, label: str = "") 
         sys.stdin.read()
     elif command == "prune":
         name, _, occurrence = label.partition("@")
-        plan = CrashPlan(label=name, occurrence=int(occurrence or 1))
+        plan = CrashPlan(label=name or None, occurrence=int(occurrence or 1))
         with installed(plan):
             report = store.prune_sync(timedelta(0), utcnow() + timedelta(days=1))
         print(json.dumps({"pruned": report.pruned, "owned": report.owned, "reached": plan.reached}))
