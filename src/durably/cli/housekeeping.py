@@ -45,12 +45,15 @@ def _keeper(store: Store, choice: StoreChoice) -> Housekeeping:
 # -- durably cancel ----------------------------------------------------------------------
 
 
-async def _cancel(choice: StoreChoice, run: str) -> tuple[CancelOutcome, str]:
-    """Cancel ``run``; what happened, and the phase it is in now."""
+async def _cancel(choice: StoreChoice, run: str) -> tuple[CancelOutcome, str | None]:
+    """Cancel ``run``; what happened, and for a run already finished, its phase."""
+    from ..stores import CancelOutcome
+
     async with opened_store(choice) as store:
         outcome = await _keeper(store, choice).cancel(run)
-        phase = str((await store.read(run)).phase)
-    return outcome, phase
+        if outcome is not CancelOutcome.FINISHED:
+            return outcome, None
+        return outcome, str((await store.read(run)).phase)  # done or cancelled: say which
 
 
 def _cmd_cancel(args: argparse.Namespace, console: Console, errors: Console) -> int:

@@ -171,7 +171,7 @@ WHERE run_id = %(run_id)s
 ``LeaseLost`` once a save or renewal found the lease gone."""
 
 CANCEL_LOCK = """
-SELECT phase, coalesce(expires_at > now(), false), task, created_at, agent
+SELECT phase, coalesce(expires_at > now(), false), task, created_at
 FROM durably_runs WHERE run_id = %(run_id)s
 FOR UPDATE
 """

@@ -70,7 +70,7 @@ async def cancel(store: _Store, run_id: str) -> CancelOutcome:
             row = await _sql.fetchone(conn, _sql.CANCEL_LOCK, {"run_id": run_id})
             if row is None:
                 return None
-            phase, held, task, created_at, _agent = row
+            phase, held, task, created_at = row
             if phase in (Phase.DONE, Phase.CANCELLED):
                 return CancelOutcome.FINISHED
             if held:
