@@ -171,7 +171,7 @@ async def hammer(
     )
 
 
-async def measure(
+async def measure(  # noqa: C901 - one interleaved measurement loop, store and floor side by side
     dsn: str, concurrency: int, seconds: float, size: int, *, tag: int = 0
 ) -> dict[str, Any]:
     """Store and floor figures for one concurrency."""

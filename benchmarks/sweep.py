@@ -130,7 +130,7 @@ def bracketing(before: tuple[float, float], after: tuple[float, float]) -> tuple
     return (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 - the benchmark's main: arguments, runs, table, in order
     """Run the benchmark, print the ratio and whether the target is met."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--depth", type=int, choices=(1, 2), default=2)

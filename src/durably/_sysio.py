@@ -202,7 +202,7 @@ def _no_point(label: str) -> None:
     return None
 
 
-def replace_file(
+def replace_file(  # noqa: PLR0913 - the one crash-atomic save; every caller's hooks are keyword-only
     fs: FileSystem,
     dir_fd: int,
     name: str,

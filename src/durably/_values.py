@@ -53,7 +53,7 @@ def describe(value: object) -> str:
     """The value's type and the start of its ``repr``, safe to store and to print."""
     try:
         shown = _repr.repr(value)
-    except Exception as exc:  # a user object whose __repr__ raises still gets named
+    except Exception as exc:  # noqa: BLE001 - a user object whose __repr__ raises still gets named
         shown = f"<unrepresentable: {type(exc).__name__}>"
     if len(shown) > _SHOWN:
         shown = shown[: _SHOWN - 3] + "..."
@@ -72,7 +72,7 @@ def exception_text(exc: BaseException) -> str:
     """
     try:
         message = str(exc)
-    except Exception as failure:
+    except Exception as failure:  # noqa: BLE001 - any str() may raise; the report must still be made
         message = f"<the message could not be shown: {type(failure).__name__}>"
     if len(message) > _ERROR_CHARS:
         message = message[:_ERROR_CHARS] + f"... ({len(message) - _ERROR_CHARS} more characters)"

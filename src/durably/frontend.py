@@ -221,7 +221,7 @@ async def open_or_create(
     return handle, state, False
 
 
-async def opened_session(
+async def opened_session(  # noqa: PLR0913 - every front end's session options, keyword-only
     handle: RunHandle,
     state: RunState,
     *,

@@ -118,7 +118,7 @@ def key_is_live(tool: Tool, marker: AttemptMarker, now: datetime) -> bool:
     return tool.key_ttl is None or now - marker.started_at < tool.key_ttl
 
 
-async def climb(
+async def climb(  # noqa: C901 - the ladder's rungs in order (saved, rerun, lookup, key, person): one rule, read in one place
     *,
     call: ToolCall,
     tool: Tool,
@@ -146,7 +146,7 @@ async def climb(
     if tool.lookup is not None:
         try:
             answer = await tool.lookup(ctx, **arguments)
-        except Exception as exc:  # a failing lookup must never decide: pass it up
+        except Exception as exc:  # noqa: BLE001 - a failing lookup must never decide: pass it up
             failure = exception_text(exc)
             log.warning("lookup for %s raised (%s): unknown", tool.name, failure, extra=extra)
             why = f"{why}, and its lookup failed ({failure})"

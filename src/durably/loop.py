@@ -147,7 +147,7 @@ class Agent:
         observer: called with every :class:`Event`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public Agent's options, keyword-only with defaults
         self,
         *,
         model: Model,

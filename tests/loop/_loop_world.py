@@ -412,7 +412,7 @@ def in_child(work: Callable[[], Any]) -> Child:
             try:
                 report: dict[str, Any] = {"value": work()}
                 status = 0
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the child reports any error to the parent test
                 report = {
                     "error": type(exc).__name__,
                     "message": str(exc),

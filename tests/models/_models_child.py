@@ -24,7 +24,7 @@ from durably.triage.agent import build_agent
 from durably.triage.world import World, load_task
 
 
-def main(
+def main(  # noqa: PLR0917 - a child's argv, positional by nature
     provider: str, base_url: str, world_root: str, store_dir: str, run_id: str, label: str, nth: str
 ) -> None:
     world = World.open(world_root)

@@ -96,7 +96,7 @@ def _kind(item: Any) -> Any:
     return item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
 
 
-def build(
+def build(  # noqa: PLR0913 - a test world's knobs, keyword-only with defaults
     store: Store | None,
     service: Service,
     log: durably.CallLog,

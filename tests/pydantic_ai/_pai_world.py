@@ -117,7 +117,7 @@ def streaming_model(log: durably.CallLog, *, text_with_calls: bool = False) -> F
     return FunctionModel(reply, stream_function=stream, model_name="scripted")
 
 
-def build(
+def build(  # noqa: C901, PLR0913 - a test world's knobs, keyword-only, one branch each
     store: Store | None,
     service: Service,
     log: durably.CallLog,

@@ -73,7 +73,7 @@ def sql(dsn: str, query: str, *params: object) -> list[tuple[Any, ...]]:
         return cursor.fetchall() if cursor.description else []
 
 
-def test_every_run_finishes_once_whatever_the_nemesis_does(
+def test_every_run_finishes_once_whatever_the_nemesis_does(  # noqa: C901, PLR0912, PLR0915 - one chaos scenario told in order; its steps share the fleet's live state
     pg_cluster: Cluster, pg_dsn: str, tmp_path: Path
 ) -> None:
     """Under kills, stops past the lease, dropped connections and a database restart, every run

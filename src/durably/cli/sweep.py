@@ -41,7 +41,7 @@ def _finish(report: Report, args: argparse.Namespace, errors: Console, most: int
     return EXIT["failed"] if problems else EXIT["done"]
 
 
-def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:
+def _power_loss(task: str, jobs: int, console: Console, errors: Console) -> int:  # noqa: C901, PLR0915 - the command's stages (explore, run, table, verdict) in the order a person reads them
     """Every power cut at every operation of both stores' saves: how many disks, how many wrong.
 
     Ten phases, each named on the progress line with how far it is, and each
@@ -163,7 +163,7 @@ def _say(console: Console, line: str, *, ok: bool) -> None:
     )
 
 
-def _power_loss_runs(
+def _power_loss_runs(  # noqa: PLR0917 - private, one caller, the progress hooks it shares
     task: str,
     jobs: int,
     errors: Console,

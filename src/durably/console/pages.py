@@ -402,7 +402,7 @@ def _restarts(state: RunState) -> str:
     )
 
 
-def _call(
+def _call(  # noqa: PLR0917 - private, one caller: a call's card from what the run page already holds
     page: Page,
     state: RunState,
     call_id: str,

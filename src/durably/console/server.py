@@ -159,7 +159,7 @@ def _saved(state: RunState, call_id: str | None) -> str | None:
     return None
 
 
-def create_app(
+def create_app(  # noqa: C901, PLR0915 - one closure per route over the same store; each route is short, their sum counts here
     choice: StoreChoice,
     *,
     token: str,

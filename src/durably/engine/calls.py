@@ -264,7 +264,7 @@ class RunSession(SessionCore):
                     # Nothing was sent yet (no marker is saved): an ordinary failure.
                     await self.finish(call, error_text(exc), True)
                     return True
-                except Exception as exc:  # user code: the model sees it, as for the tool
+                except Exception as exc:  # noqa: BLE001 - user code: the model sees it, as for the tool
                     await self.finish(call, error_text(exc), True)
                     return True
                 intended = {path: sha256_bytes(data) for path, data in files.items()}
@@ -308,7 +308,7 @@ class RunSession(SessionCore):
                 )
         except KeyNotSent:
             raise  # strict (warnings are errors): the run stops, unsaved, and the test fails
-        except Exception as exc:  # the model sees what went wrong, as the call's result
+        except Exception as exc:  # noqa: BLE001 - the model sees what went wrong, as the call's result
             content, is_error = error_text(exc), True
             if isinstance(exc, ToolResultError):
                 log.error("%s", content, extra={"run_id": state.run_id, "call_id": call.id})

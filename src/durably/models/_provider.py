@@ -260,7 +260,7 @@ def _error_body(exc: Any) -> tuple[str | None, str | None, str]:
     )
 
 
-def classify_sdk_error(
+def classify_sdk_error(  # noqa: C901, PLR0911 - a table of the SDK's error classes, one return each
     exc: Exception, *, sdk: ModuleType, provider: str, key_env: str, model: str
 ) -> Failure | None:
     """Classify an error raised by the ``anthropic`` or ``openai`` SDK (they share a shape).

@@ -262,7 +262,7 @@ async def _streamed(
     return answer
 
 
-def _take(
+def _take(  # noqa: C901 - one branch per kind of stream event the SDK sends
     chunk: ChatCompletionChunk,
     answer: _Answer,
     calls: dict[int, list[str]],

@@ -267,7 +267,7 @@ class Connections:
             detail = " ".join(str(failed).split()) or type(failed).__name__
             waited = text.replace("couldn't get a connection ", "")
             return f"{detail} (no connection of the pool {waited})"
-        except Exception as failed:
+        except Exception as failed:  # noqa: BLE001 - a diagnosis of an outage; any failure of the probe is its answer
             return f"{text}; connecting directly failed too: {type(failed).__name__}: {failed}"
         await probe.close()
         return f"{text}; the server accepts connections again now"

@@ -148,7 +148,7 @@ class IdempotencyMiddleware:
             :class:`~durably.receivers.postgres.PostgresIdempotencyStore`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the middleware's options, keyword-only with defaults
         self,
         app: ASGIApp,
         *,
@@ -187,7 +187,7 @@ class IdempotencyMiddleware:
             else None
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: C901 - the ASGI dispatch: passthrough, lookup, keyed request, each refusal named
         """Handle one ASGI connection."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -277,7 +277,7 @@ class IdempotencyMiddleware:
             async with renewing(self.store, claim):
                 await self._run(claim, scope, _replaying(body, receive), send)
 
-    async def _run(
+    async def _run(  # noqa: C901 - the key's states in order (new, in flight, done, abandoned)
         self,
         claim: Claimed,
         scope: Scope,

@@ -262,6 +262,6 @@ def _chained_child(
     code = 0
     try:
         start(plan, prepare)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a forked child: any end is its exit status
         code = 1
     os._exit(code)

@@ -183,7 +183,7 @@ def serve(fd: int) -> None:
         try:
             # The caller's own bytes over a socket pair only the two processes hold.
             task, prepare, *warm_up = pickle.loads(conn.recv_bytes())  # noqa: S301
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any unpickling error is reported to the parent as unusable
             why = f"{type(exc).__name__}: {exc}"
             conn.send(("unusable", f"the job cannot be unpickled in a fresh interpreter ({why})"))
             return
@@ -197,11 +197,11 @@ def serve(fd: int) -> None:
                 return
             try:
                 outcome = ("done", task(item))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the task's own error goes back to the parent
                 outcome = ("raised", exc)
             try:
                 conn.send(outcome)  # pickled whole before a byte is sent
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - an outcome that cannot be pickled is reported, not lost
                 cause = outcome[1] if outcome[0] == "raised" else exc
                 text = "".join(traceback.format_exception(cause))
                 conn.send(("raised", RuntimeError(f"a sweep worker failed:\n{text}")))

@@ -104,7 +104,7 @@ def run_batch(
         return batch
 
 
-def _after_first_kill(
+def _after_first_kill(  # noqa: PLR0917 - private, one caller in this module
     job: SweepJob,
     world: World,
     group: Group,
@@ -160,7 +160,7 @@ def _after_first_kill(
     return results
 
 
-def _recording_chain(
+def _recording_chain(  # noqa: PLR0917 - private, one caller in this module
     job: SweepJob,
     world: World,
     spec: ScenarioSpec,

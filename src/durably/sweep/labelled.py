@@ -68,7 +68,7 @@ def record_points(
         return data["labels"], data["prints"], job.effects(world)
 
 
-def run_sweep(
+def run_sweep(  # noqa: PLR0913 - the sweep's public options, keyword-only with defaults
     job: SweepJob,
     *,
     configs: Sequence[Config] = CONFIGS,

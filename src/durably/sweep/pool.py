@@ -45,7 +45,7 @@ def warm_up(job: SweepJob, config: Config, store: StoreFactory | None) -> None:
             job.prepare(world)
             agent = job.agent(world, SweepApprover(job, world))
             asyncio.run(agent.run(job.task(), run_id=RUN_ID))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a warm-up that fails only costs speed; shown, not raised
         traceback.print_exc()
     gc.collect()
     gc.freeze()
@@ -68,7 +68,7 @@ Workers = Literal["fork", "fresh"]
 
 
 @contextmanager
-def scenario_workers(
+def scenario_workers(  # noqa: PLR0917 - internal; the sweeps call it with the same five values
     jobs: int,
     job: SweepJob,
     config: Config,

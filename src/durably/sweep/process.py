@@ -54,7 +54,7 @@ def run_in_child(body: Callable[[], None]) -> int:
         _output.scenario_logging()
         try:
             body()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a child scenario: any end is its exit status
             traceback.print_exc()
             code = 1
         finally:

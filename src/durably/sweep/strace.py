@@ -195,7 +195,7 @@ class _InlineExecutor(ThreadPoolExecutor):
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - a Future carries whatever the call raised
             future.set_exception(exc)
         return future
 
@@ -255,7 +255,7 @@ def traced(job: SweepJob, world: World, *, first: bool, strace: Sequence[str]) -
 
             with faults.installed(faults.CrashPlan(on_point=_mark_window)):
                 asyncio.run(main())
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a traced child: any end is its exit status
             traceback.print_exc()
             code = 1
         finally:

@@ -213,7 +213,7 @@ def _count(
         return parse_trace(log.read_text()), job.effects(world)
 
 
-def run_syscall_sweep(
+def run_syscall_sweep(  # noqa: PLR0913 - the sweep's public options, keyword-only with defaults
     job: SweepJob,
     stores: dict[str, StoreFactory],
     *,

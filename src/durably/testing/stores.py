@@ -437,7 +437,7 @@ async def _model(subject: StoreUnderTest) -> None:
         raise _fail(f"after the sequences list_runs gave {listed}, not {sorted(created)}")
 
 
-async def _step(
+async def _step(  # noqa: PLR0917 - private step of the conformance machine, one caller
     store: Store,
     op: str,
     state: RunState,

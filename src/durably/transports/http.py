@@ -78,7 +78,7 @@ class HttpToolError(DurablyError):
         self.status = status
 
 
-def http_tool(
+def http_tool(  # noqa: C901, PLR0913 - a tool factory: its options are keyword-only, its checks name each bad one
     *,
     name: str,
     description: str,

@@ -49,7 +49,7 @@ def replay_model(world: World, *, fickle: bool = False) -> ReplayModel:
     return ReplayModel(recording_path(world.task), log=world.model_log, fickle=fickle)
 
 
-def build_agent(
+def build_agent(  # noqa: PLR0913 - the demo agent's options, keyword-only with defaults
     *,
     world: World,
     store: Store | None,

@@ -122,7 +122,7 @@ def _find_unfinished(store: FileStore, task: str) -> tuple[str | None, str | Non
     return None, (candidates[-1] if candidates else None)
 
 
-async def triage(args: argparse.Namespace, console: Console, errors: Console | None = None) -> int:
+async def triage(args: argparse.Namespace, console: Console, errors: Console | None = None) -> int:  # noqa: C901, PLR0912 - the demo command's flags, each checked where it is read
     """Run or resume the triage agent as the command line asked; return the exit code.
 
     Progress goes to ``console``; usage errors go to ``errors`` (default: stderr).

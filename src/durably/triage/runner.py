@@ -131,7 +131,7 @@ def reproduce(root: Path, commands: Iterable[str], *, path_prefix: str = "") -> 
         app = session.import_module(f"{PACKAGE}.app")
         run_script: Callable[[list[str]], object] = app.run_script
         run_script(list(commands))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the agent's code under test: any error is its crash report
         return Crash(
             error=session.one_line(exc), traceback=session.format_exception(exc, path_prefix)
         )
@@ -306,7 +306,7 @@ class _Session:
             module = self._new_module(f"{self.prefix}tests_{path.stem}", path, package="")
             try:
                 self._execute(module, path)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a test module that fails to run is a failed test
                 selection.matched_file(path.name)
                 failed.append((relative, self.one_line(exc)))
                 tracebacks[relative] = self.format_exception(exc)
@@ -317,7 +317,7 @@ class _Session:
                 node = f"{relative}::{name}"
                 try:
                     test()
-                except (Exception, SystemExit) as exc:
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failing test in the agent's workspace is a result
                     failed.append((node, self.one_line(exc)))
                     tracebacks[node] = self.format_exception(exc)
                 else:

@@ -63,7 +63,7 @@ class ToolOptions:
     """The tracker refuses a second filing for a cause."""
 
 
-def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions) -> list[Tool]:
+def make_tools(world: World, task: Task, tracker: Tracker, options: ToolOptions) -> list[Tool]:  # noqa: C901 - one closure per demo tool over the same world; each is short, their sum counts here
     """Build the triage tools over one run's world."""
     reports = {report.id: report for report in task.reports}
     keyed = Effect.KEYED if options.honour_keys else Effect.WRITE

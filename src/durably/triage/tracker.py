@@ -466,7 +466,7 @@ class Tracker:
             raise ValueError("the tracker's clock must return an aware datetime")
         return now.astimezone(UTC)
 
-    def _write(
+    def _write(  # noqa: C901 - the fake tracker's write path: key, refile guard, faults, in order
         self,
         operation: Operation,
         key: str | None,

@@ -132,7 +132,7 @@ def numbered_state(n: int, *, run_id: str = "r1") -> RunState:
     )
 
 
-def explore(
+def explore(  # noqa: PLR0913 - the model checker's options, keyword-only with defaults
     *,
     saves: int = 4,
     mutant: str | None = None,
@@ -246,7 +246,7 @@ def explore(
         )
 
 
-def check_protocol(
+def check_protocol(  # noqa: PLR0913 - the model checker's options, keyword-only with defaults
     *,
     saves: int = 4,
     mutant: str | None = None,
@@ -481,7 +481,7 @@ def _load(
                 state = reader.read_sync(run_id)
         except RunNotFound:
             return _Outcome(None, "RunNotFound", missing=True)
-        except Exception as exc:  # any other error is the finding, reported not raised
+        except Exception as exc:  # noqa: BLE001 - any other error is the finding, reported not raised
             message = str(exc).replace(str(target / "disk"), "<image>")
             return _Outcome(None, f"{type(exc).__name__}: {message}")
         finally:

@@ -161,7 +161,7 @@ def _file_variants(path: str, node: FileNode, rng: random.Random) -> list[_Varia
     return unique
 
 
-def enumerate_images(
+def enumerate_images(  # noqa: C901 - namespaces, trees, variants, then one ordered generator: the extremes-first order lives in one place
     model: DurabilityModel, *, seed: int, limit: int, reorder: bool
 ) -> list[DiskImage]:
     """The disks a power cut may leave from ``model``, the extremes first, at most ``limit``."""

@@ -247,7 +247,7 @@ def _load(
         state = store.read_sync(RUN_ID)
     except RunNotFound:
         return "RunNotFound", expected, None if returned < 0 else Kind.LOST
-    except Exception as exc:  # the finding, reported not raised
+    except Exception as exc:  # noqa: BLE001 - the finding, reported not raised
         message = str(exc).replace(str(world.root), "<world>")
         return f"{type(exc).__name__}: {message}", expected, Kind.UNREADABLE
     finally:
@@ -264,7 +264,7 @@ def _load(
     return f"save {chosen + 1} ({saves[chosen]['summary']})", expected, kind
 
 
-def _resume(
+def _resume(  # noqa: PLR0917 - private, one caller in this module
     job: SweepJob,
     config: Config,
     make_store: Callable[..., FileStore],
