@@ -78,7 +78,7 @@ def _child(job: dict[str, Any], out: int) -> None:
                 result = run_thread(job["dir"], job["thread"], job["rounds"])
     except ThreadLocked as exc:
         result = {"error": "ThreadLocked", "message": str(exc)}
-    except Exception as exc:  # reported to the test, which fails on it
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
         result = {"error": type(exc).__name__, "message": "".join(traceback.format_exception(exc))}
     result["reached"] = plan.reached
     result["seconds"] = time.monotonic() - started

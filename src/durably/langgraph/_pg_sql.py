@@ -142,7 +142,7 @@ def migrate_schema(dsn: str, where: str) -> None:
     def target() -> None:
         try:
             asyncio.run(run())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the loop's thread hands whatever ended it to the caller
             failed.append(exc)
 
     worker = threading.Thread(target=target, name="durably-langgraph-migrate")

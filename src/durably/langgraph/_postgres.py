@@ -252,7 +252,7 @@ class PostgresThreadSaver(SaverForms):
                         "tokens": list(held.values()),
                     },
                 )
-            except Exception as exc:  # the database's fence refuses a lapsed lease anyway
+            except Exception as exc:  # noqa: BLE001 - the database's fence refuses a lapsed lease anyway
                 log.info("renewing LangGraph thread leases: %s; trying again", exc)
                 continue
             renewed = {str(row[0]) for row in rows}

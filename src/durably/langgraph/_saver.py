@@ -264,7 +264,7 @@ class DurablySaver(SaverForms):
                 return
         self._flush_writes(handle, *staged)
 
-    def _stage_writes(
+    def _stage_writes(  # noqa: PLR0917 - private, one caller: the writes of one put_writes
         self,
         handle: ThreadLog,
         ns: str,

@@ -126,7 +126,7 @@ class DurableTools:
         observer: called with every :class:`durably.Event`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public wrapper's options, keyword-only with defaults
         self,
         store: Store,
         *,
@@ -462,7 +462,7 @@ class DurableTools:
         schema = getattr(base, "tool_call_schema", None)
         try:
             parameters = dict(schema.model_json_schema()) if schema is not None else {}
-        except Exception:  # a schema LangChain cannot render: the name alone identifies it
+        except Exception:  # noqa: BLE001 - a schema LangChain cannot render: the name alone identifies it
             parameters = {}
         return Tool(
             name=name,

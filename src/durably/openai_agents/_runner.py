@@ -169,7 +169,7 @@ class DurableRunner:
         observer: called with every :class:`durably.Event`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public runner's options, keyword-only with defaults
         self,
         store: Store | None,
         *,
@@ -575,7 +575,7 @@ class _DurableModel(Model):
     async def close(self) -> None:
         await self.inner.close()
 
-    async def get_response(
+    async def get_response(  # noqa: PLR0913, PLR0917 - the SDK's Model.get_response signature, positional as the SDK calls it
         self,
         system_instructions: str | None,
         input: Any,
@@ -789,7 +789,7 @@ async def _save_pause(hold: Hold, result: Any) -> None:
     state.phase = Phase.PAUSED
     try:
         state.paused_with = result.to_state().to_json()
-    except Exception as exc:  # the SDK cannot save it (a context it cannot serialize)
+    except Exception as exc:  # noqa: BLE001 - the SDK cannot save it (a context it cannot serialize)
         log.warning(
             "run %s paused, but the SDK could not save its RunState (%s): carry it on with "
             "DurableRunner.resume",

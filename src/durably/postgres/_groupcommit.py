@@ -151,7 +151,7 @@ class GroupCommit:
             )
             if len(group) > 1:
                 self._connections.stats.grouped += len(group)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of a group is handed to each of its saves, none lost
             log.log(
                 logging.INFO if is_transient(exc) else logging.WARNING,
                 "saving %d runs in one statement failed (%s: %s); each is sent again alone",

@@ -529,7 +529,7 @@ class PostgresRun:
                 until=time.monotonic() + 2.0,
                 writes=False,
             )
-        except Exception as exc:  # only to word the error: the lease is lost either way
+        except Exception as exc:  # noqa: BLE001 - only to word the error: the lease is lost either way
             how = (
                 f"lapsed ({why}); who holds it now could not be read ({exc}); nothing was "
                 "written; stop here"
@@ -628,7 +628,7 @@ class PostgresRun:
             except SaveFailed as exc:  # retries off, or the lease is all but out
                 log.info("run %s: renewal failed (%s); trying again", self._run_id, exc)
                 continue
-            except Exception as exc:  # not a connection problem: the lease cannot be trusted
+            except Exception as exc:  # noqa: BLE001 - not a connection problem: the lease cannot be trusted
                 self._mark_lost(f"renewing failed: {type(exc).__name__}: {exc}")
                 return
             if not renewed:

@@ -223,7 +223,7 @@ class WorkReport:
     """Finished runs this worker's pruning deleted (``prune_older_than``)."""
 
 
-async def work(
+async def work(  # noqa: C901 - the worker's loop: claim, run, park, renew, prune, stop, in order
     store: PostgresStore,
     *,
     registry: Registry,
@@ -383,7 +383,7 @@ async def _drive(registry: Registry, claimed: Claim, report: WorkReport) -> None
             # Park while the lease is still held; the lease is freed afterwards (finally).
             # Freed first, another claim could take the run in between and fail it again.
             await _park(handle, f"{type(exc).__name__}: {exc}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a run's own failure is counted and retried, never the worker's end
             report.failed += 1
             # Keep the lease until it runs out: the run is retried one lease from now,
             # not in a tight loop against a failing database or model.

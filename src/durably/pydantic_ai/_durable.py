@@ -174,7 +174,7 @@ class Durable(AbstractCapability[Any]):
         observer: called with every :class:`durably.Event`.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the public wrapper's options, keyword-only with defaults
         self,
         store: Store | None = None,
         *,

@@ -183,7 +183,7 @@ def _reference(job: CommandJob, store: str, scratch: str | None) -> tuple[Counte
         return outcome.effects, seconds
 
 
-def _one_run(
+def _one_run(  # noqa: PLR0917 - private, one caller in this module
     job: CommandJob,
     run: int,
     store: str,
