@@ -41,7 +41,7 @@ test: system-test $(BIN)/durably
 	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto
 	$(MAKE) version-matrix
 
 # The front ends' tests again at the oldest SDK versions their extras allow (.venv has

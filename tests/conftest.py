@@ -45,13 +45,17 @@ def _work() -> float:
     return time.perf_counter() - started
 
 
-def patience() -> float:
-    """How many times longer than on a quiet machine a test may take before it counts as hung."""
+def patience(parallel: int = 1) -> float:
+    """How many times longer than on a quiet machine a test may take before it counts as hung.
+
+    ``parallel`` is how many tests run at once (pytest-xdist's workers): each beyond the
+    first is one more busy core the load average cannot see yet.
+    """
     given = os.environ.get("DURABLY_TEST_PATIENCE")
     if given:
         return float(given)
     slower = min(_work() for _ in range(5)) / _REFERENCE_SECONDS
-    busy = 1.0 + os.getloadavg()[0] / (os.cpu_count() or 1)
+    busy = 1.0 + (os.getloadavg()[0] + parallel - 1) / (os.cpu_count() or 1)
     return min(_CEILING, max(_FLOOR, slower, busy))
 
 
@@ -61,7 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
     The environment carries it to the test modules' limits on child processes
     (``_helpers.patience.stretched``) and to the children themselves.
     """
-    factor = patience()
+    # pytest-xdist has turned `-n auto` into a count by now; its workers inherit the
+    # environment below and take the controller's factor.
+    workers = config.getoption("numprocesses", default=None)
+    factor = patience(workers if isinstance(workers, int) and workers > 0 else 1)
     config.stash[_PATIENCE] = factor
     os.environ["DURABLY_TEST_PATIENCE"] = f"{factor:.2f}"
 
