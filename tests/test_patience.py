@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from _helpers.patience import stretched
 
 CONFTEST = Path(__file__).with_name("conftest.py")
@@ -52,3 +54,17 @@ def test_a_hang_is_still_caught_past_the_stretched_limit(tmp_path: Path) -> None
     done = pytest_in(tmp_path, "2")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Timeout (>2.0s)" in done.stdout
+
+
+def test_each_xdist_worker_beyond_the_first_counts_as_a_busy_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an idle one-core machine five workers give a factor of five, one worker the floor."""
+    import conftest
+
+    monkeypatch.delenv("DURABLY_TEST_PATIENCE", raising=False)
+    monkeypatch.setattr(conftest, "_work", lambda: 0.0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert conftest.patience(1) == 3.0  # the floor
+    assert conftest.patience(5) == 5.0
