@@ -5,21 +5,22 @@ speed (speed is measured in ``benchmarks/``). A limit that held on a quiet machi
 can trip on a loaded one: the issue-39 report saw a power-loss sweep pass its 120 s
 at a load average of about 10. So every test's limit (the default and each
 ``@pytest.mark.timeout``) is multiplied by a patience factor taken when the session
-starts: at least ``_FLOOR``, more when a fixed piece of Python runs slower than it does
+starts: at least 3, more when a fixed piece of Python runs slower than it does
 on a quiet machine of the reference kind, or when the load average says the cores
-are already busy. ``DURABLY_TEST_PATIENCE`` sets the factor by hand.
+are already busy (``_helpers.patience.patience``). ``DURABLY_TEST_PATIENCE`` sets the
+factor by hand.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from _helpers.patience import patience
 from _helpers.two_users import shared_directory, throwaway_user
 from durably.stores.file import FileStore
 
@@ -29,34 +30,6 @@ from durably.stores.file import FileStore
 # them; what each test checks is unchanged.
 settings.register_profile("durably", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("durably")
-
-_FLOOR = 3.0
-_CEILING = 20.0
-# Best of five rounds of _work() on the reference machine (2 cores, quiet), 2026-12-02.
-_REFERENCE_SECONDS = 0.030
-
-
-def _work() -> float:
-    """Seconds one fixed piece of pure Python takes on this machine now."""
-    started = time.perf_counter()
-    total = 0
-    for i in range(1_000_000):
-        total += i * i
-    return time.perf_counter() - started
-
-
-def patience(parallel: int = 1) -> float:
-    """How many times longer than on a quiet machine a test may take before it counts as hung.
-
-    ``parallel`` is how many tests run at once (pytest-xdist's workers): each beyond the
-    first is one more busy core the load average cannot see yet.
-    """
-    given = os.environ.get("DURABLY_TEST_PATIENCE")
-    if given:
-        return float(given)
-    slower = min(_work() for _ in range(5)) / _REFERENCE_SECONDS
-    busy = 1.0 + (os.getloadavg()[0] + parallel - 1) / (os.cpu_count() or 1)
-    return min(_CEILING, max(_FLOOR, slower, busy))
 
 
 def pytest_configure(config: pytest.Config) -> None:

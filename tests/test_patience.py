@@ -60,11 +60,11 @@ def test_each_xdist_worker_beyond_the_first_counts_as_a_busy_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On an idle one-core machine five workers give a factor of five, one worker the floor."""
-    import conftest
+    from _helpers import patience as measure
 
     monkeypatch.delenv("DURABLY_TEST_PATIENCE", raising=False)
-    monkeypatch.setattr(conftest, "_work", lambda: 0.0)
+    monkeypatch.setattr(measure, "_work", lambda: 0.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert conftest.patience(1) == 3.0  # the floor
-    assert conftest.patience(5) == 5.0
+    assert measure.patience(1) == 3.0  # the floor
+    assert measure.patience(5) == 5.0
