@@ -1,6 +1,6 @@
 """``durably worker``, ``durably submit`` and ``durably workers``: Postgres workers.
 
-The commands live in :mod:`durably.postgres.worker`; only their wiring is here.
+The commands live in :mod:`durably.postgres.commands`; only their wiring is here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["add_worker_commands"]
 
 def _imported(modules: list[str], errors: Console) -> bool:
     """Import ``--import`` modules, from the current directory only if it is the person's own."""
-    from ..postgres.worker import import_agents
+    from ..postgres.registry import import_agents
 
     why_not_here = make_current_directory_importable()
     try:
@@ -36,7 +36,7 @@ def _imported(modules: list[str], errors: Console) -> bool:
 def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..postgres.worker import serve
+    from ..postgres.commands import serve
 
     if not _imported(args.imports, errors):
         return EXIT["usage"]
@@ -62,7 +62,7 @@ def _cmd_worker(args: argparse.Namespace, console: Console, errors: Console) -> 
 def _cmd_workers(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..postgres.worker import workers_table
+    from ..postgres.commands import workers_table
 
     console.file.write(asyncio.run(workers_table(args.dsn)))
     console.file.flush()
@@ -72,7 +72,7 @@ def _cmd_workers(args: argparse.Namespace, console: Console, errors: Console) ->
 def _cmd_submit(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import asyncio
 
-    from ..postgres.worker import submit_command
+    from ..postgres.commands import submit_command
 
     if not _imported(args.imports, errors):
         return EXIT["usage"]

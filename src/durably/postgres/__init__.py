@@ -4,8 +4,10 @@
   leases with fencing tokens, and :func:`current_lease`;
 - :mod:`~durably.postgres.schema`: the tables and their migrations;
 - :mod:`~durably.postgres.queue`: submitted runs, claimed by workers, parked for a person;
-- :mod:`~durably.postgres.worker`: the agent registry and :func:`work`, the loop
-  ``durably worker`` runs.
+- :mod:`~durably.postgres.registry`: the agents workers run, by name;
+- :mod:`~durably.postgres.worker`: :func:`submit` and :func:`work`, the loop
+  ``durably worker`` runs; :mod:`~durably.postgres.commands`: the bodies of
+  ``durably worker``, ``durably workers`` and ``durably submit``.
 
 psycopg (the ``postgres`` extra) is imported when a store is made, never on import.
 ``docs/postgres.md`` describes it all.
@@ -16,6 +18,12 @@ from .queue import Claim as Claim
 from .queue import claim as claim
 from .queue import enqueue as enqueue
 from .queue import park as park
+from .registry import AgentFactory as AgentFactory
+from .registry import AgentsHook as AgentsHook
+from .registry import Registration as Registration
+from .registry import Registry as Registry
+from .registry import register as register
+from .registry import registry as registry
 from .schema import MIGRATIONS as MIGRATIONS
 from .schema import QUEUED as QUEUED
 from .schema import Migration as Migration
@@ -25,13 +33,7 @@ from .store import PostgresStore as PostgresStore
 from .store import Stored as Stored
 from .store import StoreStats as StoreStats
 from .store import current_lease as current_lease
-from .worker import AgentFactory as AgentFactory
-from .worker import AgentsHook as AgentsHook
-from .worker import Registration as Registration
-from .worker import Registry as Registry
 from .worker import WorkReport as WorkReport
-from .worker import register as register
-from .worker import registry as registry
 from .worker import submit as submit
 from .worker import work as work
 

@@ -16,7 +16,7 @@ from .world import TASKS, World, load_task
 
 if TYPE_CHECKING:
     from ..loop import Agent
-    from ..postgres.worker import Registry
+    from ..postgres.registry import Registry
 
 __all__ = ["register_agents"]
 
