@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from _pg_sql import run, sql
 
 import durably
+from _helpers.patience import stretched
 from _helpers.samples import state_a
 from durably._exit import EXIT
 from durably.cli import main
@@ -484,3 +486,57 @@ def test_changes_past_the_rows_last_save_are_corrupt(pg_dsn: str) -> None:
     saved_with_changes(pg_dsn)
     sql(pg_dsn, "UPDATE durably_runs SET seq = 2")
     refused(pg_dsn, "past the row's last save 2")
+
+
+SAVE_SETS = {"phase", "saved_at", "parked", "seq", "turns", "dollars", "resumes"}
+"""The columns of ``durably_runs`` a change save sets (``_sql.SAVE_CHANGE``)."""
+
+
+def test_no_index_of_the_runs_table_names_a_column_a_change_save_sets(pg_dsn: str) -> None:
+    """A key or predicate naming one of them makes every save a new row version in each index."""
+
+    async def scenario(store: PostgresStore) -> None:
+        await store.migrate()
+
+    run(pg_dsn, scenario)
+    named = sql(
+        pg_dsn,
+        """SELECT i.indexrelid::regclass::text, a.attname FROM pg_index AS i
+        JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum > 0
+        WHERE i.indrelid = 'durably_runs'::regclass
+          AND (a.attnum = ANY(i.indkey)
+               OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M'))""",
+    )
+    assert named, "the query finds the columns indexes name"
+    assert [(index, column) for index, column in named if column in SAVE_SETS] == []
+
+
+def test_change_saves_update_the_runs_row_in_place(pg_dsn: str) -> None:
+    """Saves moving ``phase`` between model and tools are heap-only (HOT) updates, as the
+    server's own statistics count them once the store's connections have closed.
+    """
+    state = state_a("r1")
+
+    async def scenario(store: PostgresStore) -> None:
+        handle = await store.create(state)
+        for n in range(1, 21):
+            step(state, n)
+            state.phase = durably.Phase.TOOLS if n % 2 else durably.Phase.MODEL
+            await handle.save(state)
+        await handle.close()
+
+    run(pg_dsn, scenario)
+    counts = (0, 0)
+    deadline = time.monotonic() + stretched(20)
+    while time.monotonic() < deadline:  # a backend's statistics land when it exits
+        counts = sql(
+            pg_dsn,
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relid = 'durably_runs'::regclass",
+        )[0]
+        if counts[0] >= 20:
+            break
+        time.sleep(0.2)
+    updates, hot = counts
+    assert updates >= 20, f"the statistics never counted the saves: {counts}"
+    assert hot >= 0.9 * updates, f"{hot} of {updates} updates were heap-only"

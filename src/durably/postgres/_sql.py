@@ -202,10 +202,9 @@ moved on, so a stalled earlier owner's save or renewal can never land after it."
 PRUNE = """
 WITH doomed AS (
     SELECT run_id FROM durably_runs
-    WHERE phase IN ('done', 'cancelled')
-      AND saved_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+    WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
       AND (expires_at IS NULL OR expires_at <= now())
-    ORDER BY saved_at, run_id
+    ORDER BY finished_at, run_id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), changes AS (
@@ -221,8 +220,8 @@ another transaction has locked (a cancel, a claim) are skipped, left for the nex
 
 PRUNE_OWNED = """
 SELECT run_id FROM durably_runs
-WHERE phase IN ('done', 'cancelled') AND expires_at > now()
-  AND saved_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+  AND expires_at > now()
 ORDER BY run_id
 """
 """Finished runs old enough to prune that a live lease still holds (their owner is closing)."""

@@ -33,9 +33,9 @@ RETURNING run_id
 """
 
 RUNS_TO_CLAIM = """
-WITH claimable AS (
+WITH picked AS (
     SELECT run_id, owner AS was_owner, expires_at AS was_expiring FROM durably_runs
-    WHERE phase IN ('queued', 'model', 'tools') AND parked IS NULL
+    WHERE claimable
       AND agent = ANY(%(agents)s)
       AND (expires_at IS NULL OR expires_at <= now())
     ORDER BY created_at, run_id
@@ -44,10 +44,10 @@ WITH claimable AS (
 )
 UPDATE durably_runs AS r
 SET owner = %(owner)s, token = r.token + 1, expires_at = now() + %(lease)s
-FROM claimable
-WHERE r.run_id = claimable.run_id
+FROM picked
+WHERE r.run_id = picked.run_id
 RETURNING r.run_id, r.agent, r.task, r.token, r.state IS NULL,
-          claimable.was_owner, extract(epoch FROM now() - claimable.was_expiring)
+          picked.was_owner, extract(epoch FROM now() - picked.was_expiring)
 """
 """Claim up to ``limit`` runs of the given agents that are not done, not waiting for a
 person, not parked, and whose lease is absent or expired. ``SKIP LOCKED`` lets any

@@ -190,6 +190,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             WHERE phase IN ('done', 'cancelled');
         """,
     ),
+    Migration(
+        version=7,
+        description="saves update the run's row in place (HOT): no index names what a save moves",
+        # Every save sets saved_at and most move phase (model, tools); version 6's indexes
+        # named both (the finished index by key, the claimable one in its predicate), so
+        # no save could be a heap-only update: each wrote a new entry into every index of
+        # durably_runs, in its WAL too. The indexes now name two generated columns that
+        # change only when a run stops or starts being claimable or finishes. Adding a
+        # stored generated column rewrites the table once, under its exclusive lock.
+        sql="""
+        ALTER TABLE durably_runs
+            ADD COLUMN claimable boolean GENERATED ALWAYS AS
+                (phase IN ('queued', 'model', 'tools') AND parked IS NULL) STORED,
+            ADD COLUMN finished_at timestamptz GENERATED ALWAYS AS
+                (CASE WHEN phase IN ('done', 'cancelled') THEN saved_at END) STORED;
+        DROP INDEX durably_runs_claimable;
+        DROP INDEX durably_runs_finished;
+        CREATE INDEX durably_runs_claimable ON durably_runs (created_at) WHERE claimable;
+        CREATE INDEX durably_runs_finished ON durably_runs (finished_at)
+            WHERE finished_at IS NOT NULL;
+        """,
+    ),
 )
 """The schema, step by step. Append new steps; never edit an applied one."""
 
