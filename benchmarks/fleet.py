@@ -60,6 +60,7 @@ import psycopg
 from durably.postgres import PostgresStore
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # _pg_cluster imports _helpers from there
 sys.path.insert(0, str(HERE.parent / "tests" / "stores"))
 from _pg_cluster import Cluster  # the tests' throwaway-cluster helper  # noqa: E402
 from _pgproc import postmaster_pid, server_cpu, ticks  # noqa: E402

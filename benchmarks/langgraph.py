@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, this file's directory comes first on sys.path and the file itself
 # would be imported as `langgraph`: take the directory out before importing LangGraph.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
+sys.path.insert(0, str(ROOT / "tests"))  # _pg_cluster imports _helpers from there
 sys.path.insert(0, str(ROOT / "tests" / "langgraph"))
 sys.path.insert(0, str(ROOT / "tests" / "stores"))
 

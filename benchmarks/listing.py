@@ -217,7 +217,8 @@ def in_process(dsn: str) -> float:
 
 def postgres_listing(args: argparse.Namespace, durably: str) -> bool:
     """Time ``durably runs --dsn`` against the full-load baseline; whether the target is met."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path[:0] = [str(tests / "stores"), str(tests)]  # _pg_cluster imports _helpers
     from _pg_cluster import Cluster
 
     cluster = None if args.dsn else Cluster.start()

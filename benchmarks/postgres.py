@@ -89,6 +89,7 @@ from durably.state import (
 )
 from durably.stores.journal import JournalStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # for _helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "stores"))
 # The tests' throwaway-cluster helper: one way to start a server, for both.
 from _pg_cluster import Cluster
