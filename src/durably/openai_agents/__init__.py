@@ -20,12 +20,12 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs the SDK
         "pip install 'durably[openai-agents]'"
     ) from exc
 
+from ._model import ReplayDiverged as ReplayDiverged
 from ._runner import DurableRunner as DurableRunner
-from ._runner import ReplayDiverged as ReplayDiverged
 from ._runner import RunPaused as RunPaused
-from ._runner import WorkerAgent as WorkerAgent
 from ._runner import tool_context as tool_context
-from ._runner import worker_agent as worker_agent
+from ._worker import WorkerAgent as WorkerAgent
+from ._worker import worker_agent as worker_agent
 
 __all__ = [
     "DurableRunner",

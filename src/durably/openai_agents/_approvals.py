@@ -17,23 +17,40 @@ is ``RunState.to_json()``). durably answers that question for each wrapped tool 
 
 The answers to durably's questions are saved in durably's state (``durably answer``,
 the console); ``DurableRunner.sdk_state`` applies them to the saved SDK state.
+
+The pause itself is here too: :func:`save_pause` saves the SDK's state with the run
+(save point 5), :func:`resumed_state` rebuilds it on the wrapped agents, and
+:func:`needs_nobody` lets through the SDK's own interruptions no one has to answer.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from agents import Agent
+from agents import RunState as SDKRunState
 from agents.tool import FunctionTool
 
-from ..engine import RunSession
+from ..engine import RunSession, SavePoint
 from ..frontend import saved_result
 from ..ladder import Verdict
+from ..state import Phase
 from ..tools import Tool
 
-__all__ = ["Asker", "Hold", "call_arguments"]
+__all__ = [
+    "Asker",
+    "Hold",
+    "call_arguments",
+    "needs_nobody",
+    "resumed_state",
+    "save_pause",
+]
+
+log = logging.getLogger("durably.openai_agents")
 
 
 class Hold:
@@ -127,3 +144,61 @@ class Asker:
         if inspect.isawaitable(answer):
             answer = await answer
         return bool(answer)
+
+
+async def needs_nobody(hold: Hold, item: Any) -> bool:
+    """True for an interruption that is nobody's question, to let through.
+
+    The SDK interrupts a call whose arguments are not a JSON object without asking the
+    tool's ``needs_approval`` (its policy could not inspect them); when neither durably
+    nor the user's own setting needs a person for it, that is only the SDK's default.
+    """
+    call_id = getattr(item, "call_id", None)
+    asker = hold.askers.get(getattr(item, "tool_name", None) or "")
+    if asker is None or not isinstance(call_id, str) or call_id in hold.consulted:
+        return False
+    hold.consulted.add(call_id)
+    if asker.own is not False:
+        return False  # the user's own policy could not inspect them either: the SDK's answer
+    return not await asker.durably_needs_person(call_id)
+
+
+async def resumed_state(
+    wrapped: Agent[Any], paused: dict[str, Any], hold: Hold, options: Mapping[str, Any]
+) -> SDKRunState[Any, Any]:
+    """The SDK state ``paused`` rebuilt on the wrapped agents, the turn count set from it."""
+    state = hold.session.state
+    turns = len(paused.get("model_responses") or [])
+    if turns > state.turns:
+        raise ValueError(
+            f"run {state.run_id!r}: the SDK RunState given holds {turns} model replies and "
+            f"the run saved {state.turns}; pass a RunState of this run "
+            "(DurableRunner.sdk_state(agent, run_id))"
+        )
+    hold.turn = turns
+    return await SDKRunState.from_json(wrapped, paused, context_override=options.get("context"))
+
+
+async def save_pause(hold: Hold, result: Any) -> None:
+    """Save the SDK's state at its interruption with the run (save point 5).
+
+    The run is paused whoever's question it is: durably's (in ``pending``, answered with
+    ``durably answer``) or only the user's own ``needs_approval`` (answered on the SDK's
+    RunState), so no worker claims it meanwhile.
+    """
+    session = hold.session
+    state = session.state
+    state.phase = Phase.PAUSED
+    try:
+        state.paused_with = result.to_state().to_json()
+    except Exception as exc:  # noqa: BLE001 - the SDK cannot save it (a context it cannot serialize)
+        log.warning(
+            "run %s paused, but the SDK could not save its RunState (%s): carry it on with "
+            "DurableRunner.resume",
+            state.run_id,
+            exc,
+            extra={"run_id": state.run_id},
+        )
+        state.paused_with = None
+    await session.save(SavePoint.PAUSE)
+    session.emit("paused", pending=list(state.pending))

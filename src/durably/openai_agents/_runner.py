@@ -24,73 +24,57 @@ Replies are keyed by their place in the run, so the orchestration around them mu
 decide the same way again: dynamic instructions, guardrails and ``is_enabled`` must
 not change which tools or handoffs a request offers. A saved reply that calls a tool
 or handoff the request does not offer is :class:`ReplayDiverged`, never a silent re-ask.
+
+The model seam is ``_model``, the pause ``_approvals``, the worker's face ``_worker``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import json
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
 
 import msgspec
 from agents import Agent, RunConfig, Runner
 from agents import RunState as SDKRunState
-from agents.exceptions import UserError
 from agents.handoffs import Handoff
-from agents.items import ModelResponse
-from agents.models.interface import Model, ModelProvider
+from agents.models.interface import Model
 from agents.tool import FunctionTool, set_function_tool_failure_error_function
 from agents.tool_context import ToolContext as SDKToolContext
-from agents.usage import Usage as SDKUsage
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
 
-from .. import _declarations, faults, frontend
+from .. import _declarations, frontend
 from ..approval import Approver, ScriptedApprover, Yes
-from ..engine import Event, Limits, Outcome, SavePoint, shielded
-from ..errors import DurablyError, RunCancelled
-from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
+from ..engine import Event, Limits, Outcome, shielded
+from ..errors import DurablyError
+from ..frontend import NoArguments, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
-from ..models import Price, WorstCase
+from ..models import Price
 from ..state import (
-    AssistantMessage,
     Decision,
     Effect,
     Phase,
     RunState,
-    ToolCall,
-    Usage,
     utcnow,
 )
 from ..stores import RunHandle, Store
 from ..tools import LookupFunction, Tool, ToolContext
 from ..workspace import Workspace
-from ._approvals import Asker, Hold, call_arguments
+from ._approvals import Asker, Hold, call_arguments, needs_nobody, resumed_state, save_pause
+from ._model import Pricing, _DurableModel, _DurableProvider
 
 __all__ = [
     "DurableRunner",
-    "ReplayDiverged",
     "RunPaused",
-    "WorkerAgent",
     "tool_context",
-    "worker_agent",
 ]
 
 log = logging.getLogger("durably.openai_agents")
 
-_SDK_APPROVED, _SDK_REJECTED = "RunState.approve", "RunState.reject"
+_SDK_APPROVED = "RunState.approve"
 """Who answered, in the run's record, for approvals given on the SDK's own RunState."""
-
-_FRAMING_TOKENS = 1024
-"""Tokens a provider adds around a request, counted generously (as durably's own loop)."""
 
 
 def tool_context() -> ToolContext:
@@ -117,23 +101,6 @@ class RunPaused(frontend.RunPaused):
     """
 
     resume_with = "DurableRunner.resume"
-
-
-class ReplayDiverged(DurablyError):
-    """Raised when a saved reply does not fit the request the run makes again.
-
-    The orchestration decided differently this time (dynamic instructions, a
-    guardrail, ``is_enabled``, a changed agent): durably will not ask the model again
-    silently. Make those decisions deterministic, or start a new run.
-    """
-
-    def __init__(self, *, run_id: str, turn: int, reason: str) -> None:
-        self.run_id, self.turn, self.reason = run_id, turn, reason
-        super().__init__(
-            f"run {run_id!r}: the saved reply to turn {turn} does not fit the request made "
-            f"again ({reason}); keep instructions, guardrails and is_enabled deterministic "
-            "for a run, or start a new run_id"
-        )
 
 
 async def _never_called(ctx: ToolContext, **arguments: Any) -> str:
@@ -214,6 +181,11 @@ class DurableRunner:
         self.observer = observer
 
     # -- entry points -----------------------------------------------------------------
+
+    @property
+    def pricing(self) -> Pricing:
+        """The price and output limit each model call's worst case is counted with."""
+        return Pricing(self.price, self.max_output_tokens)
 
     async def run(
         self,
@@ -302,9 +274,9 @@ class DurableRunner:
             session.check_agent(now, allow_change=self.allow_agent_change)
         hold = Hold(session, tools)
         config = dataclasses.replace(run_config) if run_config is not None else RunConfig()
-        config.model_provider = _DurableProvider(config.model_provider, self, hold)
+        config.model_provider = _DurableProvider(config.model_provider, self.pricing, hold)
         if isinstance(config.model, Model):
-            config.model = _DurableModel(config.model, self, hold)
+            config.model = _DurableModel(config.model, self.pricing, hold)
         wrapped = _Wrapper(self, hold).agent(agent)
         try:
             result = await self._run_through(wrapped, hold, config, options, paused)
@@ -312,7 +284,7 @@ class DurableRunner:
             _raise_ours(exc)
             raise
         if result.interruptions:
-            await _save_pause(hold, result)
+            await save_pause(hold, result)
         elif state.phase is Phase.DONE:
             session.emit("done", answer=state.answer, turns=state.turns, dollars=state.dollars)
         return result
@@ -337,7 +309,7 @@ class DurableRunner:
         state = hold.session.state
         start: Any = state.task
         if paused is not None:
-            start = await _resumed_state(wrapped, paused, hold, options)
+            start = await resumed_state(wrapped, paused, hold, options)
         driven_again = False
         while True:
             try:
@@ -348,7 +320,7 @@ class DurableRunner:
                 driven_again = True
                 hold.turn, start = 0, state.task
                 continue
-            release = [i for i in result.interruptions if await _needs_nobody(hold, i)]
+            release = [i for i in result.interruptions if await needs_nobody(hold, i)]
             if not release:
                 return result
             start = result.to_state()
@@ -438,18 +410,6 @@ class DurableRunner:
             lookup=self.lookups.get(tool.name),
         )
 
-    def _worst(self, system: str | None, input: Any, tools: list[Any]) -> WorstCase:
-        """The most this request can cost: its size as tokens, plus the output limit."""
-        size = len(system or "") + len(json.dumps(input, default=str))
-        size += len(json.dumps([getattr(t, "name", str(t)) for t in tools]))
-        limit = self.max_output_tokens or 0
-        usage = Usage(input_tokens=size + _FRAMING_TOKENS, output_tokens=int(limit))
-        if self.price is None:
-            return WorstCase(dollars=0.0, usage=usage, bounded=limit > 0)
-        dearest = max(self.price.input, self.price.cache_write, self.price.cache_read)
-        dollars = (usage.input_tokens * dearest + usage.output_tokens * self.price.output) / 1e6
-        return WorstCase(dollars=dollars, usage=usage, bounded=limit > 0)
-
 
 class _Wrapper:
     """Copies of the agent graph whose models and function tools go through the engine."""
@@ -465,7 +425,7 @@ class _Wrapper:
             return done
         changes: dict[str, Any] = {"tools": [self.tool(t) for t in agent.tools]}
         if isinstance(agent.model, Model):
-            changes["model"] = _DurableModel(agent.model, self.runner, self.hold)
+            changes["model"] = _DurableModel(agent.model, self.runner.pricing, self.hold)
         clone = agent.clone(**changes)
         self._done[id(agent)] = clone  # before the handoffs: a graph may loop back
         clone.handoffs = [self.handoff(h) for h in agent.handoffs]
@@ -550,157 +510,6 @@ class _Wrapper:
         return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=asker)
 
 
-class _DurableProvider(ModelProvider):
-    """The run's provider, each of whose models goes through the engine."""
-
-    def __init__(self, inner: ModelProvider, runner: DurableRunner, hold: Hold) -> None:
-        self.inner, self.runner, self.hold = inner, runner, hold
-
-    def get_model(self, model_name: str | None) -> Model:
-        return _DurableModel(self.inner.get_model(model_name), self.runner, self.hold, model_name)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _DurableModel(Model):
-    """A model whose Nth request in the run is answered by the Nth saved reply, if any."""
-
-    def __init__(
-        self, inner: Model, runner: DurableRunner, hold: Hold, name: str | None = None
-    ) -> None:
-        self.inner, self.runner, self.hold = inner, runner, hold
-        self.name = name or str(getattr(inner, "model", None) or type(inner).__name__)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def get_response(  # noqa: PLR0913, PLR0917 - the SDK's Model.get_response signature, positional as the SDK calls it
-        self,
-        system_instructions: str | None,
-        input: Any,
-        model_settings: Any,
-        tools: list[Any],
-        output_schema: Any,
-        handoffs: list[Handoff[Any, Any]],
-        tracing: Any,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: Any,
-    ) -> ModelResponse:
-        hold, session = self.hold, self.hold.session
-        state = session.state
-        hold.turn += 1
-        turn = hold.turn
-        offered = {getattr(t, "name", None) for t in tools} | {h.tool_name for h in handoffs}
-        saved = saved_reply(state, turn, front="durably.openai_agents")
-        if saved is not None:
-            for call in saved.calls:
-                if call.name not in offered:
-                    raise ReplayDiverged(
-                        run_id=state.run_id,
-                        turn=turn,
-                        reason=f"it calls {call.name!r}, which the request does not offer",
-                    )
-            return _response(saved)
-        await self._close_handoffs(input)
-        if state.phase is Phase.DONE:
-            raise ReplayDiverged(
-                run_id=state.run_id,
-                turn=turn,
-                reason="the run's saved answer was not accepted as its final output",
-            )
-        worst = self.runner._worst(system_instructions, input, tools)  # noqa: SLF001
-        await session.check_limits(worst, model=self.name)
-        state.paused_with = None  # the run goes on: the pause is over (saved with the marker)
-        await session.mark_model_call(turn=turn, model=self.name, worst=worst)
-        response = await self.inner.get_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
-        )
-        faults.point("loop.reply_received")
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        for item in response.output:
-            if isinstance(item, ResponseOutputMessage):
-                texts += [c.text for c in item.content if isinstance(c, ResponseOutputText)]
-            elif isinstance(item, ResponseFunctionToolCall):
-                calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.arguments))
-            else:
-                # A reply durably could not give back whole on a restart: refuse it before
-                # its save rather than replay a different reply later.
-                raise ValueError(
-                    f"durably.openai_agents saves text and function calls; the reply holds a "
-                    f"{getattr(item, 'type', type(item).__name__)!r} item (hosted tools, "
-                    "reasoning items and computer calls are not covered yet)"
-                )
-        session.check_call_ids(calls, model=self.name)
-        details = response.usage.input_tokens_details
-        usage = Usage(
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-            cache_read_tokens=getattr(details, "cached_tokens", 0) or 0,
-        )
-        await session.save_reply(
-            turn=turn,
-            text="".join(texts) if texts else None,
-            calls=calls,
-            usage=usage,
-            dollars=self.runner.price.dollars(usage) if self.runner.price is not None else 0.0,
-            model=self.name,
-        )
-        return response
-
-    async def _close_handoffs(self, input: Any) -> None:
-        """Save a result for the last reply's calls the SDK answered itself.
-
-        Those are its handoffs, and calls it rejected without running them
-        (``RunState.reject``), saved with the rejection the request shows the model.
-        """
-        session = self.hold.session
-        answered = _outputs(input)
-        for call in list(session.open_calls().values()):
-            if call.name in self.hold.handoffs:
-                await session.finish(call, f"handed off by {call.name}", False)
-            elif call.id in answered and call.id in session.state.markers:
-                raise ValueError(
-                    f"run {session.state.run_id!r}: call {call.id!r} of tool {call.name!r} "
-                    "may have acted, and the SDK's RunState rejected it; a rejection cannot "
-                    "say whether it happened: answer it with `durably answer "
-                    f"{session.state.run_id} {call.id} rerun|done` (or the console), then "
-                    "carry the run on from DurableRunner.sdk_state"
-                )
-            elif call.id in answered:
-                if call.id not in session.state.approvals_given:  # the user's own rejection
-                    session.state.approvals_given[call.id] = Decision(
-                        approved=False,
-                        reason=answered[call.id],
-                        decided_at=session.clock(),
-                        by=_SDK_REJECTED,
-                    )
-                await session.finish(call, answered[call.id], True)
-            else:
-                raise ReplayDiverged(
-                    run_id=session.state.run_id,
-                    turn=self.hold.turn,
-                    reason=f"call {call.id!r} of tool {call.name!r} was never run by the SDK",
-                )
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise UserError(
-            "durably.openai_agents does not cover Runner.run_streamed yet: use DurableRunner.run"
-        )
-
-
 def _task_text(input: object) -> str:
     if not isinstance(input, str):
         raise ValueError(
@@ -718,17 +527,6 @@ def _check_options(options: Mapping[str, Any]) -> None:
         )
 
 
-def _outputs(input: Any) -> dict[str, str]:
-    """The function-call outputs a request holds, by call ID, as text."""
-    found: dict[str, str] = {}
-    for item in [] if isinstance(input, str) else input or []:
-        get = item.get if isinstance(item, dict) else lambda k, i=item: getattr(i, k, None)
-        call_id, output = get("call_id"), get("output")
-        if get("type") == "function_call_output" and isinstance(call_id, str):
-            found[call_id] = output if isinstance(output, str) else json.dumps(output)
-    return found
-
-
 def _refusal(reason: str | None) -> str:
     """What the model reads for a call a person refused (as the engine saves it)."""
     return f"refused by the approver: {reason}"
@@ -742,64 +540,6 @@ def _found(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
             return seen
         seen = seen.__cause__
     return None
-
-
-async def _needs_nobody(hold: Hold, item: Any) -> bool:
-    """True for an interruption that is nobody's question, to let through.
-
-    The SDK interrupts a call whose arguments are not a JSON object without asking the
-    tool's ``needs_approval`` (its policy could not inspect them); when neither durably
-    nor the user's own setting needs a person for it, that is only the SDK's default.
-    """
-    call_id = getattr(item, "call_id", None)
-    asker = hold.askers.get(getattr(item, "tool_name", None) or "")
-    if asker is None or not isinstance(call_id, str) or call_id in hold.consulted:
-        return False
-    hold.consulted.add(call_id)
-    if asker.own is not False:
-        return False  # the user's own policy could not inspect them either: the SDK's answer
-    return not await asker.durably_needs_person(call_id)
-
-
-async def _resumed_state(
-    wrapped: Agent[Any], paused: dict[str, Any], hold: Hold, options: Mapping[str, Any]
-) -> SDKRunState[Any, Any]:
-    """The SDK state ``paused`` rebuilt on the wrapped agents, the turn count set from it."""
-    state = hold.session.state
-    turns = len(paused.get("model_responses") or [])
-    if turns > state.turns:
-        raise ValueError(
-            f"run {state.run_id!r}: the SDK RunState given holds {turns} model replies and "
-            f"the run saved {state.turns}; pass a RunState of this run "
-            "(DurableRunner.sdk_state(agent, run_id))"
-        )
-    hold.turn = turns
-    return await SDKRunState.from_json(wrapped, paused, context_override=options.get("context"))
-
-
-async def _save_pause(hold: Hold, result: Any) -> None:
-    """Save the SDK's state at its interruption with the run (save point 5).
-
-    The run is paused whoever's question it is: durably's (in ``pending``, answered with
-    ``durably answer``) or only the user's own ``needs_approval`` (answered on the SDK's
-    RunState), so no worker claims it meanwhile.
-    """
-    session = hold.session
-    state = session.state
-    state.phase = Phase.PAUSED
-    try:
-        state.paused_with = result.to_state().to_json()
-    except Exception as exc:  # noqa: BLE001 - the SDK cannot save it (a context it cannot serialize)
-        log.warning(
-            "run %s paused, but the SDK could not save its RunState (%s): carry it on with "
-            "DurableRunner.resume",
-            state.run_id,
-            exc,
-            extra={"run_id": state.run_id},
-        )
-        state.paused_with = None
-    await session.save(SavePoint.PAUSE)
-    session.emit("paused", pending=list(state.pending))
 
 
 def _is_function(tool: object) -> TypeGuard[FunctionTool]:
@@ -824,34 +564,6 @@ def _agents_label(start: Agent[Any], graph: list[Agent[Any]]) -> str:
     return " -> ".join([start.name, *sorted(a.name for a in graph if a is not start)])
 
 
-def _response(saved: AssistantMessage) -> ModelResponse:
-    """The saved reply as the SDK's response: its text, its calls under their IDs, its usage."""
-    output: list[Any] = []
-    if saved.text:
-        output.append(
-            ResponseOutputMessage(
-                id=f"durably-{saved.turn}",
-                type="message",
-                role="assistant",
-                status="completed",
-                content=[ResponseOutputText(text=saved.text, type="output_text", annotations=[])],
-            )
-        )
-    output += [
-        ResponseFunctionToolCall(
-            id=c.id, call_id=c.id, type="function_call", name=c.name, arguments=c.arguments
-        )
-        for c in saved.calls
-    ]
-    usage = SDKUsage(
-        requests=1,
-        input_tokens=saved.usage.input_tokens,
-        output_tokens=saved.usage.output_tokens,
-        total_tokens=saved.usage.input_tokens + saved.usage.output_tokens,
-    )
-    return ModelResponse(output=output, usage=usage, response_id=None)
-
-
 def _raise_ours(exc: BaseException) -> None:
     """Raise the durably error the SDK wrapped (``UserError: Error running tool ...``)."""
     seen: BaseException | None = exc
@@ -859,95 +571,3 @@ def _raise_ours(exc: BaseException) -> None:
         if isinstance(seen, DurablyError) and seen is not exc:
             raise seen
         seen = seen.__cause__
-
-
-class WorkerAgent(frontend.Delegating):
-    """An Agents SDK agent with its :class:`DurableRunner`, driven on a handle its caller owns.
-
-    What a Postgres worker runs (``durably.postgres.register("refunds", lambda run_id:
-    worker_agent(build_agent(), DurableRunner(None, effects=...)))``) and what ``durably
-    resume RUN STORE --agent MODULE:FACTORY`` resumes: :meth:`start` saves a new run's
-    first state through the handle and runs the agent; :meth:`drive` carries a saved run
-    on with its saved task. Both return the run's :class:`~durably.Outcome` (a run that
-    waits for a person is ``paused``, not an exception), as ``durably.Agent`` does. The
-    runner's own store is not used. Build it with :func:`worker_agent`.
-    """
-
-    def __init__(
-        self,
-        agent: Agent[Any],
-        runner: DurableRunner,
-        run_config: RunConfig | None,
-        options: Mapping[str, Any],
-    ) -> None:
-        self.agent, self.runner = agent, runner
-        self._front = runner
-        self.run_config, self.options = run_config, dict(options)
-
-    async def start(self, handle: RunHandle, task: str) -> Outcome:
-        """Start a new run of ``task`` on ``handle``, which owns a run ID with no state yet.
-
-        The first state is saved through ``handle`` (save point 1), then the agent
-        runs until it is done or paused. The caller owns ``handle`` and closes it.
-        """
-        state = await frontend.started_run(handle, _task_text(task), clock=self.runner.clock)
-        return await self._drive(handle, state, fresh=True)
-
-    async def drive(self, handle: RunHandle, state: RunState) -> Outcome:
-        """Carry a run on from ``state``, its last save, through ``handle``.
-
-        The restart is counted and the agent's fingerprint checked as on any resume.
-        The caller owns ``handle`` and closes it.
-
-        Raises:
-            ValueError: ``state`` is not the state of ``handle``'s run.
-        """
-        finished = frontend.given_run(handle, state)
-        if finished is not None:
-            return finished
-        return await self._drive(handle, state, fresh=False)
-
-    async def _drive(self, handle: RunHandle, state: RunState, *, fresh: bool) -> Outcome:
-        # Saved as paused, or as cancelled (`durably cancel`): the outcome says so.
-        with contextlib.suppress(RunPaused, RunCancelled):
-            await self.runner._drive(  # noqa: SLF001 - the runner's own seam, kept private
-                self.agent,
-                handle,
-                state,
-                fresh=fresh,
-                run_config=self.run_config,
-                options=self.options,
-            )
-        return Outcome.from_state(state)
-
-
-def worker_agent(
-    agent: Agent[Any],
-    runner: DurableRunner,
-    *,
-    run_config: RunConfig | None = None,
-    **runner_options: Any,
-) -> WorkerAgent:
-    """``agent`` run by ``runner`` as a worker drives it (a :class:`~durably.frontend.Drivable`).
-
-    Register it with a Postgres worker (``durably.postgres.register(name, lambda run_id:
-    worker_agent(build(), DurableRunner(None, effects=...)))``) or name its factory in
-    ``durably resume --agent``. ``run_config`` and ``runner_options`` go to every
-    ``Runner.run`` (``context=...``, ``max_turns=...``).
-
-    Raises:
-        TypeError: ``agent`` is not an Agents SDK agent, or ``runner`` not a DurableRunner.
-        ValueError: ``runner_options`` holds ``session`` or ``previous_response_id``.
-    """
-    if not isinstance(agent, Agent):
-        raise TypeError(
-            f"worker_agent takes an agents.Agent, got {type(agent).__name__}; a "
-            "durably.Agent is registered as it is"
-        )
-    if not isinstance(runner, DurableRunner):
-        raise TypeError(
-            f"worker_agent runs the agent through a DurableRunner, got {type(runner).__name__}: "
-            "pass DurableRunner(None, effects=...) (a worker gives it each run's handle)"
-        )
-    _check_options(runner_options)
-    return WorkerAgent(agent, runner, run_config, runner_options)
