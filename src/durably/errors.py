@@ -311,6 +311,8 @@ class Locked(OwnershipError):
     def __init__(self, *, run_id: str, path: str, lease: bool = False) -> None:
         self.run_id = run_id
         self.path = path
+        self.lease = lease
+        """Whether a lease holds the run (it lapses if its holder dies), not a lock."""
         freed = (
             "its lease lapses if that process dies, and a worker then takes the run over"
             if lease

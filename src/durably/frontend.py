@@ -19,11 +19,12 @@ from datetime import datetime
 from typing import ClassVar, Protocol, runtime_checkable
 
 import msgspec
+import stamina
 
 from . import faults
 from .approval import Approver
 from .engine import Event, Limits, Outcome, RunSession, SavePoint, shielded
-from .errors import DurablyError, RunCancelled, RunNotFound
+from .errors import DurablyError, Locked, RunCancelled, RunNotFound
 from .models import Price
 from .state import (
     AssistantMessage,
@@ -204,14 +205,22 @@ def given_run(handle: RunHandle, state: RunState) -> Outcome | None:
 
 
 async def open_or_create(
-    store: Store, run_id: str, task: Callable[[], str], *, clock: Callable[[], datetime]
+    store: Store,
+    run_id: str,
+    task: Callable[[], str],
+    *,
+    clock: Callable[[], datetime],
+    lease_wait: float = 0.0,
 ) -> tuple[RunHandle, RunState, bool]:
     """The run under its lock, and whether it is new: a new one is saved first (save point 1).
 
-    ``task`` is asked only for a new run: a resumed one carries its saved task.
+    ``task`` is asked only for a new run: a resumed one carries its saved task. A run
+    a lease holds (``Locked`` from a Postgres store) is tried again, with backoff, for
+    up to ``lease_wait`` seconds: a front end that already owns the framework's side
+    of the run (a LangGraph thread) waits out a dead owner's run lease this way.
     """
     try:
-        handle, state = await store.open(run_id)
+        handle, state = await _open_waiting(store, run_id, lease_wait)
     except RunNotFound:
         text = task()
         state = RunState(
@@ -219,6 +228,23 @@ async def open_or_create(
         )
         return await store.create(state), state, True  # SavePoint.START
     return handle, state, False
+
+
+async def _open_waiting(store: Store, run_id: str, wait: float) -> tuple[RunHandle, RunState]:
+    """``store.open(run_id)``, tried again while a lease holds the run, for ``wait`` seconds."""
+    if wait <= 0:
+        return await store.open(run_id)
+    async for attempt in stamina.retry_context(
+        on=lambda exc: isinstance(exc, Locked) and exc.lease,
+        attempts=None,
+        timeout=wait,
+        wait_initial=0.05,
+        wait_max=0.5,
+        wait_jitter=0.05,
+    ):
+        with attempt:
+            return await store.open(run_id)
+    raise AssertionError("unreachable: stamina raises the last Locked")  # pragma: no cover
 
 
 async def opened_session(  # noqa: PLR0913 - every front end's session options, keyword-only

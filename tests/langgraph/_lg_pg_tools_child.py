@@ -15,7 +15,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -47,18 +46,6 @@ def agent(state: MessagesState) -> dict[str, list[Any]]:
     return {"messages": [AIMessage(content="", id="reply-1", tool_calls=[call])]}
 
 
-def run_lease_live() -> bool:
-    """Whether a live lease holds the durably run ``t`` (the one DurableTools keeps)."""
-    with psycopg.connect(DSN, autocommit=True) as conn:
-        try:
-            row = conn.execute(
-                "SELECT coalesce(expires_at > now(), false) FROM durably_runs WHERE run_id = 't'"
-            ).fetchone()
-        except psycopg.errors.UndefinedTable:  # the first run: no store has made its tables
-            return False
-    return bool(row and row[0])
-
-
 def main() -> dict[str, Any]:
     lease = timedelta(seconds=1)  # a killed owner's leases run out soon
     tools = DurableTools(PostgresStore(DSN, lease=lease))
@@ -82,13 +69,6 @@ def main() -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        # The killed owner held the durably run's lease too, renewed apart from the
-        # thread's: it lapses within one lease of the thread's. Wait for it, so the
-        # tools open the run instead of meeting Locked.
-        while run_lease_live():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the killed owner's run lease never lapsed")
-            time.sleep(0.1)
         inputs: Any = None
         if graph.get_state(THREAD).created_at is None:
             inputs = {"messages": [HumanMessage("charge me", id="q")]}

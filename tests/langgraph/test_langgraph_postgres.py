@@ -210,3 +210,42 @@ def test_a_keyed_tool_on_the_postgres_saver_charges_once_across_a_sigkill(
     assert listed.returncode == 0, listed.stderr
     rows = [[cell.strip() for cell in line.split("│")] for line in listed.stdout.splitlines()]
     assert any(row[1:2] == ["t"] for row in rows), listed.stdout
+
+
+HOLDER = """
+import asyncio, sys, time
+from datetime import timedelta
+from durably import frontend
+from durably.postgres import PostgresStore
+from durably.state import utcnow
+
+async def hold() -> None:
+    store = PostgresStore(sys.argv[1], lease=timedelta(seconds=2))
+    await frontend.open_or_create(store, "t", lambda: "LangGraph thread t", clock=utcnow)
+    print("held", flush=True)
+    time.sleep(600)  # blocks the loop: the lease is renewed by no one after this
+
+asyncio.run(hold())
+"""
+
+
+def test_tools_wait_out_a_dead_owners_run_lease_instead_of_meeting_locked(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """A process holding thread ``t``'s durably run is SIGKILLed with its lease live; the graph
+    run at once on the thread waits for that lease to lapse, charges once and ends.
+    """
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, pg_dsn], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "held"
+        finally:
+            holder.kill()  # SIGKILL: its run lease stays in the table, live for 2 s
+    charges = tmp_path / "charges"
+    child = [sys.executable, str(HERE / "_lg_pg_tools_child.py"), pg_dsn, str(charges), "-"]
+    done = subprocess.run(child, capture_output=True, text=True, timeout=stretched(300))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {"last": "all done"}
+    assert len(charges.read_text().splitlines()) == 1

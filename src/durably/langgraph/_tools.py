@@ -124,6 +124,10 @@ class DurableTools:
         limits: the restart limit over each thread's life (``max_resumes``).
         clock: the time source for markers and key ages.
         observer: called with every :class:`durably.Event`.
+
+    On a store with leases (Postgres), a thread's run still held by a lease is waited
+    for, up to one lease: the graph runs the thread, so whoever held the run died and
+    its lease lapses within one lease of the thread's.
     """
 
     def __init__(  # noqa: PLR0913 - the public wrapper's options, keyword-only with defaults
@@ -154,6 +158,10 @@ class DurableTools:
         self._locks: dict[str, threading.Lock] = {}
         self._seen: set[str] = set()
         """Runs this process has opened: only its first open of one can be a restart."""
+        lease = getattr(store, "lease", None)
+        self._lease_wait = lease.total_seconds() if isinstance(lease, timedelta) else 0.0
+        """How long a thread's run held by a lease is waited for: one lease (the thread is
+        this process's, so its holder died; its lease lapses within one)."""
 
     # -- LangGraph's seams ----------------------------------------------------------------
 
@@ -357,7 +365,11 @@ class DurableTools:
         await asyncio.to_thread(lock.acquire)
         try:
             handle, state, fresh = await frontend.open_or_create(
-                self.store, run_id, lambda: f"LangGraph thread {run_id}", clock=self.clock
+                self.store,
+                run_id,
+                lambda: f"LangGraph thread {run_id}",
+                clock=self.clock,
+                lease_wait=self._lease_wait,
             )
             try:
                 # A thread whose calls are all answered rests between LangGraph's turns;
