@@ -24,6 +24,7 @@ __all__ = [
     "count_saved_turns",
     "distinct",
     "duplicates_and_lost",
+    "judge_checks",
     "judge_scenario",
     "paid_again",
     "recovery_window",
@@ -119,6 +120,15 @@ def duplicates_and_lost(reference: Counter[str], effects: Counter[str]) -> tuple
     duplicates = sum(max(0, n - reference[e]) for e, n in effects.items())
     lost = sum(max(0, n - effects[e]) for e, n in reference.items())
     return duplicates, lost
+
+
+def judge_checks(
+    checks: Sequence[tuple[str, bool, str]],
+) -> tuple[int, int, tuple[str, ...]]:
+    """A command's own checks, ``(name, ok, reason)`` each: (passed, total, failed lines)."""
+    passed = sum(1 for _, ok, _ in checks if ok)
+    failed = tuple(f"{name}: {reason}" for name, ok, reason in checks if not ok)
+    return passed, len(checks), failed
 
 
 def judge_scenario(  # noqa: PLR0913, PLR0917 - the judge takes everything a scenario left; one call site per sweep kind

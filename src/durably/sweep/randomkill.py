@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .job import CommandJob, DemoOutcome
-from .judge import duplicates_and_lost
+from .judge import duplicates_and_lost, judge_checks
 
 __all__ = [
     "DemoJob",
@@ -217,9 +217,7 @@ def _one_run(  # noqa: PLR0917 - private, one caller in this module
         if outcome is None:
             error = f"the run never finished (last exit {code})"
         else:
-            total = len(outcome.checks)
-            passed = sum(1 for _, ok, _ in outcome.checks if ok)
-            failed = tuple(f"{name}: {reason}" for name, ok, reason in outcome.checks if not ok)
+            passed, total, failed = judge_checks(outcome.checks)
             duplicates, lost = duplicates_and_lost(reference, outcome.effects)
             if code != 0 and not failed:
                 error = f"the last process exited {code}"
