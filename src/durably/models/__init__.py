@@ -42,6 +42,7 @@ from ._seam import usage_problem as usage_problem
 from ._worst_case import WorstCase as WorstCase
 from ._worst_case import priced as priced
 from ._worst_case import request_tokens_bound as request_tokens_bound
+from ._worst_case import sized_worst_case as sized_worst_case
 from ._worst_case import worst_case as worst_case
 
 __all__ = [

@@ -16,9 +16,9 @@ import msgspec
 from .._values import describe
 from ..errors import ModelError
 from ..state import Usage
-from ._seam import Model, ModelRequest, UsageBound, usage_problem
+from ._seam import Model, ModelRequest, Price, UsageBound, usage_problem
 
-__all__ = ["WorstCase", "priced", "request_tokens_bound", "worst_case"]
+__all__ = ["WorstCase", "priced", "request_tokens_bound", "sized_worst_case", "worst_case"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +84,22 @@ def worst_case(model: Model, request: ModelRequest) -> WorstCase:
         prices = [priced(model, u) for u in candidates]
         dollars = max(prices)
         usage = candidates[prices.index(dollars)]
+    return WorstCase(dollars=dollars, usage=usage, bounded=bounded)
+
+
+def sized_worst_case(size: int, *, max_output_tokens: int, price: Price | None) -> WorstCase:
+    """The worst case a front end prices from a request's ``size`` in bytes.
+
+    A token is at least one byte, so ``size`` plus the provider's framing bounds the
+    input; the output is ``max_output_tokens`` (0: no limit, so not ``bounded``). The
+    input is priced at the dearest way it may be billed (fresh, cache write or read).
+    """
+    usage = Usage(input_tokens=size + _FRAMING_TOKENS, output_tokens=max_output_tokens)
+    bounded = max_output_tokens > 0
+    if price is None:
+        return WorstCase(dollars=0.0, usage=usage, bounded=bounded)
+    dearest = max(price.input, price.cache_write, price.cache_read)
+    dollars = (usage.input_tokens * dearest + usage.output_tokens * price.output) / 1e6
     return WorstCase(dollars=dollars, usage=usage, bounded=bounded)
 
 

@@ -28,7 +28,7 @@ from openai.types.responses import (
 from .. import faults
 from ..errors import DurablyError
 from ..frontend import saved_reply
-from ..models import Price, WorstCase
+from ..models import Price, WorstCase, sized_worst_case
 from ..state import (
     AssistantMessage,
     Decision,
@@ -39,9 +39,6 @@ from ..state import (
 from ._approvals import Hold
 
 __all__ = ["Pricing", "ReplayDiverged"]
-
-_FRAMING_TOKENS = 1024
-"""Tokens a provider adds around a request, counted generously (as durably's own loop)."""
 
 _SDK_REJECTED = "RunState.reject"
 """Who answered, in the run's record, for a call rejected on the SDK's own RunState."""
@@ -75,13 +72,8 @@ class Pricing:
         """The most this request can cost: its size as tokens, plus the output limit."""
         size = len(system or "") + len(json.dumps(input, default=str))
         size += len(json.dumps([getattr(t, "name", str(t)) for t in tools]))
-        limit = self.max_output_tokens or 0
-        usage = Usage(input_tokens=size + _FRAMING_TOKENS, output_tokens=int(limit))
-        if self.price is None:
-            return WorstCase(dollars=0.0, usage=usage, bounded=limit > 0)
-        dearest = max(self.price.input, self.price.cache_write, self.price.cache_read)
-        dollars = (usage.input_tokens * dearest + usage.output_tokens * self.price.output) / 1e6
-        return WorstCase(dollars=dollars, usage=usage, bounded=limit > 0)
+        limit = int(self.max_output_tokens or 0)
+        return sized_worst_case(size, max_output_tokens=limit, price=self.price)
 
 
 class _DurableProvider(ModelProvider):

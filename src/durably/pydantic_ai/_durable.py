@@ -51,7 +51,7 @@ from ..engine import Decisions, Event, Limits, Outcome, RunSession, shielded
 from ..errors import RunCancelled
 from ..frontend import NoArguments, saved_reply, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
-from ..models import Price, WorstCase
+from ..models import Price, WorstCase, sized_worst_case
 from ..state import (
     AssistantMessage,
     Effect,
@@ -68,9 +68,6 @@ from ..transports.mcp import META_KEY
 from ..workspace import Workspace
 
 __all__ = ["Durable", "RunPaused", "WorkerAgent", "key_in_meta", "tool_context", "worker_agent"]
-
-_FRAMING_TOKENS = 1024
-"""Tokens a provider adds around a request, counted generously (as durably's own loop)."""
 
 
 def tool_context() -> ToolContext:
@@ -464,14 +461,8 @@ class Durable(AbstractCapability[Any]):
         tools = request_context.model_request_parameters.function_tools
         size += len(json.dumps([(t.name, t.description, t.parameters_json_schema) for t in tools]))
         settings = request_context.model_settings or {}
-        limit = self.max_output_tokens or settings.get("max_tokens") or 0
-        usage = Usage(input_tokens=size + _FRAMING_TOKENS, output_tokens=int(limit))
-        if self.price is None:
-            return WorstCase(dollars=0.0, usage=usage, bounded=limit > 0)
-        # Priced at the dearest way the provider may bill the input (fresh, cache write or read).
-        dearest = max(self.price.input, self.price.cache_write, self.price.cache_read)
-        dollars = (usage.input_tokens * dearest + usage.output_tokens * self.price.output) / 1e6
-        return WorstCase(dollars=dollars, usage=usage, bounded=limit > 0)
+        limit = int(self.max_output_tokens or settings.get("max_tokens") or 0)
+        return sized_worst_case(size, max_output_tokens=limit, price=self.price)
 
 
 def _prompt_text(prompt: object) -> str:
