@@ -13,8 +13,12 @@ import threading
 __all__ = [
     "BLOBS",
     "CLAIM",
+    "COPY_THREAD",
+    "DELETE_FOR_RUNS",
+    "DELETE_THREAD",
     "FENCE",
     "GET",
+    "KEEP_LATEST",
     "PUT",
     "PUT_WRITES",
     "RELEASE",
@@ -125,6 +129,59 @@ WRITES = """
 SELECT task_id, idx, channel, type, data, task_path FROM durably_lg_writes
 WHERE thread_id = %(thread_id)s AND ns = %(ns)s AND checkpoint_id = %(checkpoint_id)s
 """
+
+
+DELETE_THREAD = (
+    "DELETE FROM durably_lg_checkpoints WHERE thread_id = %(t)s",
+    "DELETE FROM durably_lg_blobs WHERE thread_id = %(t)s",
+    "DELETE FROM durably_lg_writes WHERE thread_id = %(t)s",
+)
+"""A thread's checkpoints, values and writes deleted (one transaction; its lease row stays)."""
+
+DELETE_FOR_RUNS = """
+WITH gone AS (
+    DELETE FROM durably_lg_checkpoints WHERE run_id = ANY(%(r)s)
+    RETURNING thread_id, ns, checkpoint_id
+)
+DELETE FROM durably_lg_writes AS w USING gone
+WHERE w.thread_id = gone.thread_id AND w.ns = gone.ns AND w.checkpoint_id = gone.checkpoint_id
+"""
+"""The checkpoints whose metadata names one of the runs ``r``, with their writes."""
+
+COPY_THREAD = (
+    """
+    INSERT INTO durably_lg_checkpoints (thread_id, ns, checkpoint_id, parent_id, run_id, type,
+                                        checkpoint, meta_type, metadata)
+    SELECT %(t)s, ns, checkpoint_id, parent_id, run_id, type, checkpoint, meta_type, metadata
+    FROM durably_lg_checkpoints WHERE thread_id = %(s)s ON CONFLICT DO NOTHING
+    """,
+    """
+    INSERT INTO durably_lg_blobs (thread_id, ns, channel, version, type, data, base)
+    SELECT %(t)s, ns, channel, version, type, data, base FROM durably_lg_blobs
+    WHERE thread_id = %(s)s ON CONFLICT DO NOTHING
+    """,
+    """
+    INSERT INTO durably_lg_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type,
+                                   data, task_path)
+    SELECT %(t)s, ns, checkpoint_id, task_id, idx, channel, type, data, task_path
+    FROM durably_lg_writes WHERE thread_id = %(s)s ON CONFLICT DO NOTHING
+    """,
+)
+"""Thread ``s`` copied into thread ``t`` (one transaction; rows ``t`` has already kept)."""
+
+KEEP_LATEST = """
+WITH keep AS (
+    SELECT thread_id, ns, max(checkpoint_id) AS id FROM durably_lg_checkpoints
+    WHERE thread_id = ANY(%(t)s) GROUP BY thread_id, ns
+), gone AS (
+    DELETE FROM durably_lg_checkpoints AS c USING keep
+    WHERE c.thread_id = keep.thread_id AND c.ns = keep.ns AND c.checkpoint_id <> keep.id
+    RETURNING c.thread_id, c.ns, c.checkpoint_id
+)
+DELETE FROM durably_lg_writes AS w USING gone
+WHERE w.thread_id = gone.thread_id AND w.ns = gone.ns AND w.checkpoint_id = gone.checkpoint_id
+"""
+"""Each namespace of the threads ``t`` down to its latest checkpoint, with its writes."""
 
 
 def migrate_schema(dsn: str, where: str) -> None:

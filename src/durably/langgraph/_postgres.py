@@ -51,7 +51,11 @@ from ._common import SaverForms
 from ._pg_sql import (
     BLOBS,
     CLAIM,
+    COPY_THREAD,
+    DELETE_FOR_RUNS,
+    DELETE_THREAD,
     GET,
+    KEEP_LATEST,
     PUT,
     PUT_WRITES,
     RELEASE,
@@ -420,11 +424,8 @@ class PostgresThreadSaver(SaverForms):
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, values and writes (its lease row stays)."""
         with self._connections().connection() as conn, conn.transaction():
-            for table in ("durably_lg_checkpoints", "durably_lg_blobs", "durably_lg_writes"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE thread_id = %(t)s",  # noqa: S608 -- constant names
-                    {"t": thread_id},
-                )
+            for statement in DELETE_THREAD:
+                conn.execute(statement, {"t": thread_id})
         with self._lock:
             for key in [k for k in self._tips if k[0] == thread_id]:
                 del self._tips[key]
@@ -434,38 +435,14 @@ class PostgresThreadSaver(SaverForms):
         if not run_ids:
             return
         with self._connections().connection() as conn, conn.transaction():
-            conn.execute(
-                "WITH gone AS (DELETE FROM durably_lg_checkpoints WHERE run_id = ANY(%(r)s) "
-                "RETURNING thread_id, ns, checkpoint_id) "
-                "DELETE FROM durably_lg_writes AS w USING gone WHERE w.thread_id = gone.thread_id "
-                "AND w.ns = gone.ns AND w.checkpoint_id = gone.checkpoint_id",
-                {"r": list(run_ids)},
-            )
+            conn.execute(DELETE_FOR_RUNS, {"r": list(run_ids)})
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, value and write of one thread into another."""
         params = {"s": source_thread_id, "t": target_thread_id}
         with self._connections().connection() as conn, conn.transaction():
-            conn.execute(
-                "INSERT INTO durably_lg_checkpoints (thread_id, ns, checkpoint_id, parent_id, "
-                "run_id, type, checkpoint, meta_type, metadata) SELECT %(t)s, ns, checkpoint_id, "
-                "parent_id, run_id, type, checkpoint, meta_type, metadata "
-                "FROM durably_lg_checkpoints WHERE thread_id = %(s)s ON CONFLICT DO NOTHING",
-                params,
-            )
-            conn.execute(
-                "INSERT INTO durably_lg_blobs (thread_id, ns, channel, version, type, data, base) "
-                "SELECT %(t)s, ns, channel, version, type, data, base FROM durably_lg_blobs "
-                "WHERE thread_id = %(s)s ON CONFLICT DO NOTHING",
-                params,
-            )
-            conn.execute(
-                "INSERT INTO durably_lg_writes (thread_id, ns, checkpoint_id, task_id, idx, "
-                "channel, type, data, task_path) SELECT %(t)s, ns, checkpoint_id, task_id, idx, "
-                "channel, type, data, task_path FROM durably_lg_writes WHERE thread_id = %(s)s "
-                "ON CONFLICT DO NOTHING",
-                params,
-            )
+            for statement in COPY_THREAD:
+                conn.execute(statement, params)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep each namespace's latest checkpoint (``keep_latest``) or nothing (``delete``)."""
@@ -477,17 +454,7 @@ class PostgresThreadSaver(SaverForms):
                 self.delete_thread(thread_id)
             return
         with self._connections().connection() as conn, conn.transaction():
-            conn.execute(
-                "WITH keep AS (SELECT thread_id, ns, max(checkpoint_id) AS id "
-                "FROM durably_lg_checkpoints WHERE thread_id = ANY(%(t)s) GROUP BY thread_id, ns), "
-                "gone AS (DELETE FROM durably_lg_checkpoints AS c USING keep "
-                "WHERE c.thread_id = keep.thread_id AND c.ns = keep.ns "
-                "AND c.checkpoint_id <> keep.id "
-                "RETURNING c.thread_id, c.ns, c.checkpoint_id) "
-                "DELETE FROM durably_lg_writes AS w USING gone WHERE w.thread_id = gone.thread_id "
-                "AND w.ns = gone.ns AND w.checkpoint_id = gone.checkpoint_id",
-                {"t": list(thread_ids)},
-            )
+            conn.execute(KEEP_LATEST, {"t": list(thread_ids)})
 
     get_next_version = DurablySaver.get_next_version
 
