@@ -37,19 +37,17 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.event_hooks import SerdeEvent
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .. import faults
 from .._sysio import FileSystem
-from ..errors import CheckpointCorrupt
 from ..stores.rundir import off_the_loop
 from ._common import SaverForms
-from ._records import Blob, Index, Node, Put, Writes, frame, value_chain
-from ._refusals import StaleThread, ThreadValueRefused, refusals_in_read
+from ._decode import checkpoint_tuple, loads, node_value
+from ._records import Blob, Index, Node, Put, Writes, frame
+from ._refusals import StaleThread, ThreadValueRefused
 from ._thread import ThreadLog, ThreadStore
 
 __all__ = ["PRUNE_STRATEGIES", "DurablySaver", "StaleThread", "ThreadValueRefused"]
@@ -109,6 +107,8 @@ class DurablySaver(SaverForms):
         # None is its strict mode: only the safe list, plus what the application allows.
         super().__init__(serde=serde or JsonPlusSerializer(allowed_msgpack_modules=allowed or None))
         self.store = ThreadStore(directory, sync=sync, fs=fs, allow_network_fs=allow_network_fs)
+        self._directory = str(self.store.directory)
+        """Where the threads live, as errors name it."""
         self._owned: dict[str, ThreadLog] = {}
         self._lock = threading.RLock()
         # Per (thread, namespace): the checkpoints this saver took for the latest (read
@@ -442,7 +442,7 @@ class DurablySaver(SaverForms):
             record = by_id.get(checkpoint_id)
             if record is None:
                 return None
-            return self._tuple(thread_id, index, record)
+            return checkpoint_tuple(self.serde, self._directory, thread_id, index, record)
 
     def list(
         self,
@@ -512,7 +512,9 @@ class DurablySaver(SaverForms):
         self, thread_id: str, index: Index, keep: set[tuple[str, str]] | None
     ) -> dict[tuple[str, str], Any]:
         return {
-            (ns, cid): self._loads(thread_id, record.checkpoint).get("channel_versions", {})
+            (ns, cid): loads(self.serde, self._directory, thread_id, record.checkpoint).get(
+                "channel_versions", {}
+            )
             for ns, by_id in index.checkpoints.items()
             for cid, record in by_id.items()
             if keep is None or (ns, cid) in keep
@@ -535,7 +537,7 @@ class DurablySaver(SaverForms):
             return None
         known = handle.previous.get((ns, channel))
         if known is None or known[0] is not tip:
-            previous = self._value(handle.thread_id, tip)
+            previous = node_value(self.serde, self._directory, handle.thread_id, tip)
             if not isinstance(previous, list):
                 return None
             known = (tip, previous)
@@ -545,77 +547,6 @@ class DurablySaver(SaverForms):
         if length == 0 or length > len(value) or value[:length] != previous:
             return None
         return tip, length
-
-    def _loads(self, thread_id: str, typed: tuple[str, bytes]) -> Any:
-        """``serde.loads_typed``, refusing a value that names a type outside the allowlist."""
-        refusals: list[SerdeEvent] = []
-        token = refusals_in_read.set(refusals)
-        try:
-            value = self.serde.loads_typed(typed)
-        except NotImplementedError as exc:  # a type tag it does not read ("pickle")
-            raise CheckpointCorrupt(
-                path=f"{self.store.directory} (thread {thread_id!r})",
-                reason=f"a value is stored as {typed[0]!r}, which this saver does not read",
-            ) from exc
-        finally:
-            refusals_in_read.reset(token)
-        if refusals:
-            first = refusals[0]
-            raise ThreadValueRefused(
-                thread_id=thread_id,
-                directory=str(self.store.directory),
-                module=first["module"],
-                name=first["name"],
-            )
-        return value
-
-    def _value(self, thread_id: str, node: Node) -> Any:
-        value: Any = None
-        for part in value_chain(node):
-            decoded = self._loads(thread_id, (part.type, part.data))
-            value = decoded if part.base is None else value + decoded
-        return value
-
-    def _tuple(self, thread_id: str, index: Index, record: Put) -> CheckpointTuple:
-        ns = record.ns
-        checkpoint = self._loads(thread_id, record.checkpoint)
-        values: dict[str, Any] = {}
-        for channel, version in checkpoint.get("channel_versions", {}).items():
-            node = index.nodes.get((ns, channel, version))
-            if node is None or node.type == "empty":
-                continue
-            values[channel] = self._value(thread_id, node)
-        checkpoint["channel_values"] = values
-        stored = index.writes.get((ns, record.id), {})
-        ordered = sorted(stored.items(), key=lambda kv: writes_sort_key(kv[1][4], *kv[0]))
-        pending = [
-            (task_id, channel, self._loads(thread_id, (type_, data)))
-            for _, (task_id, channel, type_, data, _path) in ordered
-        ]
-        parent = (
-            {
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": ns,
-                    "checkpoint_id": record.parent,
-                }
-            }
-            if record.parent
-            else None
-        )
-        return CheckpointTuple(
-            config={
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": ns,
-                    "checkpoint_id": record.id,
-                }
-            },
-            checkpoint=checkpoint,
-            metadata=self._loads(thread_id, record.metadata),
-            parent_config=parent,  # type: ignore[arg-type]
-            pending_writes=pending,
-        )
 
     def _matching(
         self,
@@ -653,11 +584,11 @@ class DurablySaver(SaverForms):
                 if before_id is not None and record.id >= before_id:
                     continue
                 if filter:
-                    metadata = self._loads(thread_id, record.metadata)
+                    metadata = loads(self.serde, self._directory, thread_id, record.metadata)
                     if not all(metadata.get(k) == v for k, v in filter.items()):
                         continue
                 if left is not None:
                     if left <= 0:
                         return
                     left -= 1
-                yield self._tuple(thread_id, index, record)
+                yield checkpoint_tuple(self.serde, self._directory, thread_id, index, record)
