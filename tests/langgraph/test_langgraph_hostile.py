@@ -179,3 +179,22 @@ def test_a_header_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         _read(tmp_path)
     with DurablySaver(tmp_path) as saver, pytest.raises(UnsafePath, match=r"t\.json"):
         _put(saver, "again")
+
+
+@pytest.mark.postgres
+def test_a_forged_value_in_a_postgres_thread_is_refused_not_run(
+    pg_dsn: str, marker_module: Path
+) -> None:
+    """PostgresThreadSaver reads through the same allowlist refusal: the forged class is not
+    built (no file appears) and the read fails naming the type, not with a value swapped in.
+    """
+    from durably.langgraph import PostgresThreadSaver
+
+    forger = _Forger(("durably_marker31", "Planted"), [str(marker_module)])
+    with PostgresThreadSaver(pg_dsn, serde=forger) as saver:
+        _put(saver, "FORGE")  # type: ignore[arg-type]
+    with PostgresThreadSaver(pg_dsn) as saver, pytest.raises(ThreadValueRefused) as refused:
+        saver.get_tuple(THREAD)
+    assert not marker_module.exists(), "the forged record ran code"
+    assert "durably_marker31.Planted" in str(refused.value)
+    assert "thread 't'" in str(refused.value)

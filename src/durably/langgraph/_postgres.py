@@ -48,6 +48,7 @@ from .. import faults
 from ..errors import LeaseLost
 from ..postgres._lease import default_owner
 from ._common import SaverForms
+from ._decode import loads
 from ._pg_sql import (
     BLOBS,
     CLAIM,
@@ -262,6 +263,10 @@ class PostgresThreadSaver(SaverForms):
             renewed = {str(row[0]) for row in rows}
             with self._lock:
                 self._lost.update(t for t in held if t not in renewed and t in self._tokens)
+
+    def _loads(self, thread_id: str, typed: tuple[str, bytes]) -> Any:
+        """A stored value decoded, refused if it names a type outside the allowlist."""
+        return loads(self.serde, self.where, thread_id, typed)
 
     def _describe(self, thread_id: str) -> str:
         return f"{self.where} durably_lg_threads[{thread_id!r}]"
@@ -520,7 +525,7 @@ class PostgresThreadSaver(SaverForms):
             if limit is not None and len(found) >= limit:
                 break
             if filter:
-                meta = self.serde.loads_typed((row[6], bytes(row[7])))
+                meta = self._loads(str(row[0]), (row[6], bytes(row[7])))
                 if not all(meta.get(k) == v for k, v in filter.items()):
                     continue
             found.append(self._tuple(str(row[0]), row[1:]))
@@ -535,7 +540,7 @@ class PostgresThreadSaver(SaverForms):
 
     def _tuple(self, thread_id: str, row: Sequence[Any]) -> CheckpointTuple:
         ns, checkpoint_id, parent_id, type_, data, meta_type, meta = row
-        checkpoint = self.serde.loads_typed((type_, bytes(data)))
+        checkpoint = self._loads(thread_id, (type_, bytes(data)))
         versions = checkpoint.get("channel_versions", {})
         params = {
             "thread_id": thread_id,
@@ -548,7 +553,7 @@ class PostgresThreadSaver(SaverForms):
             if blob_type == "empty":
                 values.pop(channel, None)
                 continue
-            decoded = self.serde.loads_typed((blob_type, bytes(blob)))
+            decoded = self._loads(thread_id, (blob_type, bytes(blob)))
             if channel in values and isinstance(values[channel], list):
                 values[channel] = values[channel] + decoded
             else:
@@ -559,7 +564,7 @@ class PostgresThreadSaver(SaverForms):
         )
         ordered = sorted(writes, key=lambda w: writes_sort_key(w[5], w[0], w[1]))
         pending = [
-            (str(task_id), str(channel), self.serde.loads_typed((wtype, bytes(wdata))))
+            (str(task_id), str(channel), self._loads(thread_id, (wtype, bytes(wdata))))
             for task_id, _idx, channel, wtype, wdata, _path in ordered
         ]
         return CheckpointTuple(
@@ -571,7 +576,7 @@ class PostgresThreadSaver(SaverForms):
                 }
             },
             checkpoint=checkpoint,
-            metadata=self.serde.loads_typed((meta_type, bytes(meta))),
+            metadata=self._loads(thread_id, (meta_type, bytes(meta))),
             parent_config=(
                 {
                     "configurable": {

@@ -19,8 +19,9 @@ __all__ = ["StaleThread", "ThreadValueRefused", "refusals_in_read"]
 class ThreadValueRefused(StorageError):
     """Raised when a thread's value names a type the saver does not load; nothing of it ran.
 
-    Allow the type with ``DurablySaver(..., allowed_types=[...])`` if the graph stores it;
-    otherwise the thread's files were altered.
+    Allow the type with ``DurablySaver(..., allowed_types=[...])`` (or, on Postgres, a
+    ``serde`` whose allowlist holds it) if the graph stores it; otherwise the thread's
+    stored values were altered.
     """
 
     __module__ = "durably.langgraph"
@@ -32,10 +33,11 @@ class ThreadValueRefused(StorageError):
         self.name = name
         super().__init__(
             f"thread {thread_id!r} in {directory} holds a value naming {module}.{name}, which "
-            "this DurablySaver does not load (it is not in its allowlist), so it was neither "
+            "this saver does not load (it is not in its allowlist), so it was neither "
             "imported nor called; if your graph stores that type, allow it: "
-            f"DurablySaver(..., allowed_types=[({module!r}, {name!r})]); if it does not, the "
-            "thread's files were altered: inspect them"
+            f"DurablySaver(..., allowed_types=[({module!r}, {name!r})]), or give "
+            "PostgresThreadSaver a serde whose allowlist holds it; if it does not, the "
+            "thread's stored values were altered: inspect them"
         )
 
 
