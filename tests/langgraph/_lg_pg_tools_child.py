@@ -10,6 +10,7 @@ records a request; with a LABEL other than ``-``, the process SIGKILLs itself at
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import timedelta
@@ -47,7 +48,8 @@ def agent(state: MessagesState) -> dict[str, list[Any]]:
 
 
 def main() -> dict[str, Any]:
-    lease = timedelta(seconds=1)  # a killed owner's leases run out soon
+    # A killed owner's leases run out soon; LG_LEASE gives a test a longer one.
+    lease = timedelta(seconds=float(os.environ.get("LG_LEASE", "1")))
     tools = DurableTools(PostgresStore(DSN, lease=lease))
     with PostgresThreadSaver(DSN, lease=lease) as saver:
         builder = StateGraph(MessagesState)

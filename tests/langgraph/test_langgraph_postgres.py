@@ -220,7 +220,7 @@ from durably.postgres import PostgresStore
 from durably.state import utcnow
 
 async def hold() -> None:
-    store = PostgresStore(sys.argv[1], lease=timedelta(seconds=2))
+    store = PostgresStore(sys.argv[1], lease=timedelta(seconds=float(sys.argv[2])))
     await frontend.open_or_create(store, "t", lambda: "LangGraph thread t", clock=utcnow)
     print("held", flush=True)
     time.sleep(600)  # blocks the loop: the lease is renewed by no one after this
@@ -234,18 +234,25 @@ def test_tools_wait_out_a_dead_owners_run_lease_instead_of_meeting_locked(
 ) -> None:
     """A process holding thread ``t``'s durably run is SIGKILLed with its lease live; the graph
     run at once on the thread waits for that lease to lapse, charges once and ends.
+
+    Both use an 8 s lease, far longer than the graph's process takes to start, so the
+    run's lease is still live when its tools open the run (without the wait: ``Locked``).
     """
+    lease = "8"
     with subprocess.Popen(
-        [sys.executable, "-c", HOLDER, pg_dsn], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, pg_dsn, lease], stdout=subprocess.PIPE, text=True
     ) as holder:
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline().strip() == "held"
         finally:
-            holder.kill()  # SIGKILL: its run lease stays in the table, live for 2 s
+            holder.kill()  # SIGKILL: its run lease stays in the table, live for 8 s
     charges = tmp_path / "charges"
     child = [sys.executable, str(HERE / "_lg_pg_tools_child.py"), pg_dsn, str(charges), "-"]
-    done = subprocess.run(child, capture_output=True, text=True, timeout=stretched(300))
+    env = {**os.environ, "LG_LEASE": lease}
+    done = subprocess.run(
+        child, capture_output=True, text=True, timeout=stretched(300), env=env, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {"last": "all done"}
     assert len(charges.read_text().splitlines()) == 1
