@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import durably
+from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, Service
 from durably import faults
 from durably.engine import SavePoint
@@ -100,7 +101,7 @@ def check_killed_on_postgres(
 
     async def resume() -> durably.RunState:
         async with PostgresStore(dsn, lease=LEASE) as store:
-            deadline = time.monotonic() + 120  # generous: the dead lease runs out in 1 s
+            deadline = time.monotonic() + stretched(120)  # generous: the dead lease runs out in 1 s
             while True:
                 try:
                     await carry_on(store, service, log, Person(service))

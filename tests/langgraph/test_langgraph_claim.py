@@ -64,7 +64,7 @@ class Thread:
 
     def wait_for_charges(self, n: int) -> None:
         """Wait until ``n`` charges were made."""
-        deadline = time.monotonic() + 300  # generous: only a very slow machine gets near it
+        deadline = time.monotonic() + stretched(300)  # only a very slow machine gets near it
         while self.count() < n:
             assert time.monotonic() < deadline, f"no {n} charge(s) in 300 s"
             time.sleep(0.05)

@@ -72,7 +72,7 @@ async def _work_until_done(store: PostgresStore, registry: Registry) -> WorkRepo
     """Run a worker until the run is done, then stop it and return its report."""
     stop = asyncio.Event()
     worker = asyncio.create_task(work(store, registry=registry, stop=stop, poll=0.05))
-    deadline = time.monotonic() + 60  # generous: a dead lease runs out in 1 s
+    deadline = time.monotonic() + stretched(60)  # generous: a dead lease runs out in 1 s
     while not await _done(store):
         assert time.monotonic() < deadline, "the worker did not finish the run in time"
         assert not worker.done(), worker
@@ -173,7 +173,7 @@ def test_durably_submit_and_worker_run_a_registered_pydantic_ai_agent(
 
         async def answered() -> durably.RunState:
             async with PostgresStore(pg_dsn) as store:
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + stretched(60)
                 while not await _done(store):
                     assert time.monotonic() < deadline, "the worker did not finish the run"
                     assert worker.poll() is None

@@ -395,7 +395,7 @@ def test_a_takeover_waiting_for_a_save_in_flight_loads_that_save(
             PostgresStore(pg_dsn, lease=timedelta(seconds=30)) as new,
         ):
             handle = await old.create(state)
-            handle._renewal.cancel()  # noqa: SLF001 -- the owner stalls: its lease will run out
+            handle.keeper.renewal.cancel()  # the owner stalls: its lease will run out
             step(state, 1)
             await handle.save(state)
             step(state, 2)
@@ -429,7 +429,7 @@ def test_a_claim_passes_by_a_run_whose_save_is_in_flight_then_loads_that_save(
             await enqueue(old, run_id="q1", agent="ledger", task=state.task)
             (first,) = await claim(old, agents=["ledger"], limit=1)
             handle = first.handle
-            handle._renewal.cancel()  # noqa: SLF001 -- the owner stalls: its lease will run out
+            handle.keeper.renewal.cancel()  # the owner stalls: its lease will run out
             await handle.save(state)  # a claimed handle's first save: a snapshot
             step(state, 1)
             await handle.save(state)

@@ -30,7 +30,7 @@ def test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database(
             PostgresStore(pg_dsn, lease=lease) as theirs,
         ):
             stale = await mine.create(state_a("r1"))
-            stale._renewal.cancel()  # noqa: SLF001 -- a stall (issue 17: handle refactor): no renewals from here on
+            stale.keeper.renewal.cancel()  # a stall: no renewals from here on
             # The database's lease runs out (the stall outlasted it) and another owner
             # takes the run over, while this handle's own deadline is still a minute away.
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
@@ -40,7 +40,7 @@ def test_a_stale_handle_whose_deadline_looks_fresh_is_refused_by_the_database(
                 )
             fresh, _ = await theirs.open("r1")
             await fresh.save(state_b("r1"))
-            assert stale._deadline > time.monotonic() + 30  # noqa: SLF001 -- the local deadline (issue 17: handle refactor) still passes
+            assert stale.keeper.deadline > time.monotonic() + 30  # its local deadline still passes
             assert stale.lost is None
 
             with pytest.raises(durably.LeaseLost) as caught:

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
+from _helpers.patience import stretched
 from durably import Agent, Call, Effect, Reply, ScriptedModel, ToolContext, tool
 from durably.cli import main
 from durably.console.server import create_app
@@ -41,7 +42,7 @@ async def work_until(dsn: str, registry: Registry, run_id: str, phase: Phase) ->
     async with PostgresStore(dsn) as store:
         stop = asyncio.Event()
         worker = asyncio.create_task(work(store, registry=registry, stop=stop, poll=0.05))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + stretched(30)
         while True:
             try:
                 if (await store.read(run_id)).phase is phase:

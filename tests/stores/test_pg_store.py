@@ -94,7 +94,7 @@ def test_a_save_under_a_taken_over_lease_is_lease_lost_and_writes_nothing(pg_dsn
 
     async def scenario(store: PostgresStore) -> None:
         stale = await store.create(state_a("r1"))
-        stale._renewal.cancel()  # noqa: SLF001 -- a stall (issue 17: handle refactor): no renewals from here on
+        stale.keeper.renewal.cancel()  # a stall: no renewals from here on
         await asyncio.sleep(1.2)
         async with PostgresStore(pg_dsn, lease=timedelta(seconds=30)) as other:
             fresh, _ = await other.open("r1")
@@ -119,10 +119,10 @@ def test_a_lapsed_lease_refuses_saves_even_if_nobody_took_it(pg_dsn: str) -> Non
 
     async def scenario(store: PostgresStore) -> None:
         handle = await store.create(state_a("r1"))
-        handle._renewal.cancel()  # noqa: SLF001 -- the test stalls the lease's renewal (issue 17: handle refactor)
+        handle.keeper.renewal.cancel()  # a stall: no renewals
         # Make the local deadline look fresh, so the database alone decides.
         await asyncio.sleep(1.2)
-        handle._deadline = time.monotonic() + 60  # noqa: SLF001 -- the test stalls the lease's renewal (issue 17: handle refactor)
+        handle.keeper.deadline = time.monotonic() + 60  # a stall: no renewals
         with pytest.raises(durably.LeaseLost):
             await handle.save(state_b("r1"))
         assert without_saved_at(await store.read("r1")) == state_a("r1")
@@ -250,7 +250,7 @@ def test_the_lease_expiry_is_the_database_clock_not_the_process_clock(
         async with PostgresStore(pg_dsn, lease=timedelta(seconds=1)) as rival:
             with pytest.raises(durably.Locked):
                 await rival.open("r1")
-            handle._renewal.cancel()  # noqa: SLF001 -- the test stalls the lease's renewal (issue 17: handle refactor)
+            handle.keeper.renewal.cancel()  # a stall: no renewals
             await asyncio.sleep(1.2)
             taken, _ = await rival.open("r1")
             skewed(+5)

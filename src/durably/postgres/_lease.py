@@ -1,15 +1,30 @@
-"""A run's lease as a handle holds it, and the lease of the run the current task drives."""
+"""A run's lease as a handle holds it, keeps it and loses it; the lease the current task drives."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import logging
 import os
 import secrets
 import socket
+import time
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["CURRENT_LEASE", "Lease", "current_lease", "default_owner", "lost_how"]
+from ..errors import LeaseLost, SaveFailed
+from . import _sql
+from ._sql import fetchone
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+    from ._connection import Connections
+
+__all__ = ["CURRENT_LEASE", "Lease", "LeaseKeeper", "current_lease", "default_owner", "lost_how"]
+
+log = logging.getLogger("durably.store")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,3 +88,142 @@ def lost_how(row: tuple[Any, ...] | None, token: int, why: str, me: str) -> str:
         f"lapsed and was taken over by {owner} (token {now_token}); nothing was written; "
         "stop here, the new owner carries on"
     )
+
+
+class LeaseKeeper:
+    """One handle's hold on its run's lease: renewed every period until it stops, or is lost.
+
+    The deadline is this process's own bound (``time.monotonic()``), the send time of
+    the last statement that set the lease plus the lease: past it the lease has surely
+    run out, whatever the database says. ``lost`` says why the lease is known to be
+    gone; once set, the handle's next save raises :meth:`lost_error` before anything
+    is sent.
+
+    Args:
+        connections: the store's pool and retrying sender (its ``stats`` are counted).
+        lease: the handle's lease.
+        length: how long a lease lasts.
+        every: how often it is renewed.
+        deadline: when the lease taken (or last renewed) surely runs out.
+    """
+
+    def __init__(
+        self,
+        connections: Connections,
+        lease: Lease,
+        *,
+        length: timedelta,
+        every: timedelta,
+        deadline: float,
+    ) -> None:
+        self.connections = connections
+        self.lease = lease
+        self.length = length
+        self.every = every
+        self.deadline = deadline
+        self.lost: str | None = None
+        self.renewal = asyncio.create_task(
+            self._renew_forever(), name=f"durably-renew-{lease.run_id}"
+        )
+
+    def check(self) -> None:
+        """Mark the lease lost if its deadline has passed with no renewal."""
+        if self.lost is None and time.monotonic() >= self.deadline:
+            self.mark_lost("no renewal reached the database before the lease ran out")
+
+    def mark_lost(self, why: str) -> None:
+        """Take the lease as lost (the first reason is kept) and stop renewing it."""
+        if self.lost is None:
+            self.lost = why
+            self.connections.stats.lost += 1
+            log.warning(
+                "run %s: lease (token %d) lost: %s", self.lease.run_id, self.lease.token, why
+            )
+            if not self.renewal.done() and self.renewal is not asyncio.current_task():
+                self.renewal.cancel()
+
+    async def lost_error(self) -> LeaseLost:
+        """``LeaseLost``, saying whether the lease only lapsed or who took the run since."""
+        run_id, token = self.lease.run_id, self.lease.token
+        params = {"run_id": run_id}
+
+        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return await fetchone(conn, _sql.HOLDER, params)
+
+        why = self.lost or "the lease was lost"
+        try:
+            row = await self.connections.run(
+                select,
+                what="reading who holds the lease",
+                run_id=run_id,
+                until=time.monotonic() + 2.0,
+                writes=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - only to word the error: the lease is lost either way
+            how = (
+                f"lapsed ({why}); who holds it now could not be read ({exc}); nothing was "
+                "written; stop here"
+            )
+            return LeaseLost(run_id=run_id, token=token, how=how)
+        return LeaseLost(
+            run_id=run_id, token=token, how=lost_how(row, token, why, self.lease.owner)
+        )
+
+    async def stop(self, *, release: bool) -> None:
+        """Stop renewing; with ``release``, free the lease if it is still this handle's."""
+        self.renewal.cancel()
+        # asyncio.wait, not await: the renewal's CancelledError is its own, while a
+        # cancellation of this stop() must still propagate.
+        await asyncio.wait([self.renewal])
+        if self.lost is not None or not release:
+            return
+        run_id = self.lease.run_id
+        params = {"run_id": run_id, "token": self.lease.token}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> None:
+            await conn.execute(_sql.RELEASE, params)
+
+        try:
+            await self.connections.run(
+                update,
+                what="releasing the lease",
+                run_id=run_id,
+                until=min(self.deadline, time.monotonic() + 2.0),
+            )
+        except SaveFailed as exc:
+            # Nothing depends on it: the lease runs out on its own.
+            log.warning("run %s: could not free its lease (%s); it expires by itself", run_id, exc)
+
+    async def _renew_forever(self) -> None:
+        run_id = self.lease.run_id
+        every, length = self.every.total_seconds(), self.length.total_seconds()
+        params = {"run_id": run_id, "token": self.lease.token, "lease": self.length}
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
+            return await fetchone(conn, _sql.RENEW, params) is not None
+
+        while self.lost is None:
+            await asyncio.sleep(every)
+            sent = time.monotonic()
+            if sent >= self.deadline:
+                self.mark_lost("the lease ran out before it could be renewed")
+                return
+            try:
+                # One renewal a period, retried through a broken connection or a server
+                # restart until the lease runs out: an outage shorter than what is left
+                # of the lease costs nothing. A renewal that lands after the lease ran
+                # out changes nothing (it is conditional).
+                renewed = await self.connections.run(
+                    update, what="renewing the lease", run_id=run_id, until=self.deadline
+                )
+            except SaveFailed as exc:  # retries off, or the lease is all but out
+                log.info("run %s: renewal failed (%s); trying again", run_id, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - not a connection problem: the lease cannot be trusted
+                self.mark_lost(f"renewing failed: {type(exc).__name__}: {exc}")
+                return
+            if not renewed:
+                self.mark_lost("the lease was taken over or expired")
+                return
+            self.deadline = sent + length
+            self.connections.stats.renewals += 1

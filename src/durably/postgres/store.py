@@ -29,14 +29,14 @@ This module is the store and its handle; they hold the parts: ``_sql`` (every
 statement), ``_rows`` (what a row holds, and the state it makes), ``_connection``
 (the pool, and sending a statement with retries), ``_groupcommit`` (grouping the
 saves that arrive while statements are in flight) and ``_lease`` (:class:`Lease`,
-:func:`current_lease`).
+:func:`current_lease`, and the :class:`~._lease.LeaseKeeper` a handle renews its lease
+through).
 
 psycopg is imported when a store is made, never by ``import durably``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from ..checkpoint.delta import Changes
 from ..checkpoint.envelope import Sealer, seal
 from ..errors import (
-    LeaseLost,
     Locked,
     RunExists,
     RunNotFound,
@@ -57,7 +56,7 @@ from ..state import RunState, utcnow
 from . import _sql
 from ._connection import Connections, StoreStats
 from ._groupcommit import GroupCommit
-from ._lease import CURRENT_LEASE, Lease, current_lease, default_owner, lost_how
+from ._lease import CURRENT_LEASE, Lease, LeaseKeeper, current_lease, default_owner
 from ._rows import Stored, decoded
 from ._sql import STORED, fetchone
 from .schema import MIGRATIONS
@@ -398,13 +397,16 @@ class PostgresRun:
     ) -> None:
         self._store = store
         self._run_id = run_id
-        self._token = token
-        self._deadline = deadline
-        """``time.monotonic()`` by which the lease has surely run out without a renewal:
-        the send time of the last statement that set it, plus the lease."""
-        self._lost: str | None = None
         self._closed = False
         self.lease = Lease(run_id=run_id, token=token, owner=store.owner)
+        self.keeper = LeaseKeeper(
+            store._connections,  # noqa: SLF001 -- the store makes its handles (same module)
+            self.lease,
+            length=store.lease,
+            every=store.renew_every,
+            deadline=deadline,
+        )
+        """The lease as this handle keeps it: deadline, renewal, and why it was lost."""
         self._sealer = Sealer()
         """Keeps the last snapshot's encoded messages: the next encodes only the new ones."""
         self._seq = seq
@@ -417,7 +419,6 @@ class PostgresRun:
         """The changes' bytes since the snapshot: a snapshot is due when they outgrow it."""
         self._cancel_asked = False
         """Whether the last save's statement found a ``durably cancel`` request on the row."""
-        self._renewal = asyncio.create_task(self._renew_forever(), name=f"durably-renew-{run_id}")
 
     @property
     def run_id(self) -> str:
@@ -436,7 +437,7 @@ class PostgresRun:
     @property
     def token(self) -> int:
         """The fencing token of this handle's lease."""
-        return self._token
+        return self.lease.token
 
     def cancel_requested(self) -> bool:
         """Whether ``durably cancel`` asked this run to stop, as the last save's row said.
@@ -448,7 +449,7 @@ class PostgresRun:
     @property
     def lost(self) -> str | None:
         """Why the lease is known to be lost, or None while it may still be held."""
-        return self._lost
+        return self.keeper.lost
 
     async def save(self, state: RunState) -> None:
         """Make ``state`` the run's state, in one statement conditional on this lease.
@@ -463,16 +464,15 @@ class PostgresRun:
             SaveFailed: the database could not be reached before the lease ran out;
                 the save may or may not have landed, and the run must stop.
         """
-        store = self._store
+        store, keeper = self._store, self.keeper
         if self._closed:
             raise SaveFailed(
                 run_id=self._run_id, path=store.describe(self._run_id), reason="closed"
             )
-        if self._lost is None and time.monotonic() >= self._deadline:
-            self._mark_lost("no renewal reached the database before the lease ran out")
-        if self._lost is not None:
+        keeper.check()
+        if keeper.lost is not None:
             store.stats.stale_saves += 1
-            raise await self._lease_lost()
+            raise await keeper.lost_error()
         state.saved_at = utcnow()
         seq = self._seq + 1
         changes = self._changes
@@ -488,7 +488,7 @@ class PostgresRun:
             change, after = changes.record(state, seq, run=self._run_id)
         params = {
             "run_id": self._run_id,
-            "token": self._token,
+            "token": self.lease.token,
             "seq": seq,
             "phase": str(state.phase),
             "state": data,
@@ -496,14 +496,14 @@ class PostgresRun:
             **_summary(state),
         }
         try:
-            landed, self._cancel_asked = await store._group.save(params, self._deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
+            landed, self._cancel_asked = await store._group.save(params, keeper.deadline)  # noqa: SLF001 -- the run handle is part of its store (same module)
         except SaveFailed:
-            self._mark_lost("a save could not reach the database before the lease ran out")
+            keeper.mark_lost("a save could not reach the database before the lease ran out")
             raise
         if not landed:
-            self._mark_lost("a save found the lease taken over or expired")
+            keeper.mark_lost("a save found the lease taken over or expired")
             store.stats.stale_saves += 1
-            raise await self._lease_lost()
+            raise await keeper.lost_error()
         store.stats.saves += 1
         self._seq = seq
         if data is not None:
@@ -512,34 +512,6 @@ class PostgresRun:
         elif changes is not None and change is not None and after is not None:
             changes.saved(after)
             self._change_bytes += len(change)
-
-    async def _lease_lost(self) -> LeaseLost:
-        """``LeaseLost``, saying whether the lease only lapsed or who took the run since."""
-        params = {"run_id": self._run_id}
-
-        async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return await fetchone(conn, _sql.HOLDER, params)
-
-        why = self._lost or "the lease was lost"
-        try:
-            row = await self._store._connections.run(  # noqa: SLF001 -- the run handle is part of its store (same module)
-                select,
-                what="reading who holds the lease",
-                run_id=self._run_id,
-                until=time.monotonic() + 2.0,
-                writes=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - only to word the error: the lease is lost either way
-            how = (
-                f"lapsed ({why}); who holds it now could not be read ({exc}); nothing was "
-                "written; stop here"
-            )
-            return LeaseLost(run_id=self._run_id, token=self._token, how=how)
-        return LeaseLost(
-            run_id=self._run_id,
-            token=self._token,
-            how=lost_how(row, self._token, why, self._store.owner),
-        )
 
     def _loaded(self, state: RunState, stored: Stored) -> None:
         """Take ``state`` as what the row holds, as ``stored`` holds it."""
@@ -559,80 +531,12 @@ class PostgresRun:
         if self._closed:
             return
         self._closed = True
-        self._renewal.cancel()
-        # asyncio.wait, not await: the renewal's CancelledError is its own, while a
-        # cancellation of this close() must still propagate.
-        await asyncio.wait([self._renewal])
         if CURRENT_LEASE.get() is self.lease:
             CURRENT_LEASE.set(None)
-        if self._lost is not None or not release:
-            return
-        params = {"run_id": self._run_id, "token": self._token}
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> None:
-            await conn.execute(_sql.RELEASE, params)
-
-        try:
-            await self._store._connections.run(  # noqa: SLF001 -- the run handle is part of its store (same module)
-                update,
-                what="releasing the lease",
-                run_id=self._run_id,
-                until=min(self._deadline, time.monotonic() + 2.0),
-            )
-        except SaveFailed as exc:
-            # Nothing depends on it: the lease runs out on its own.
-            log.warning(
-                "run %s: could not free its lease (%s); it expires by itself", self._run_id, exc
-            )
+        await self.keeper.stop(release=release)
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def _mark_lost(self, why: str) -> None:
-        if self._lost is None:
-            self._lost = why
-            self._store.stats.lost += 1
-            log.warning("run %s: lease (token %d) lost: %s", self._run_id, self._token, why)
-            if not self._renewal.done() and self._renewal is not asyncio.current_task():
-                self._renewal.cancel()
-
-    async def _renew_forever(self) -> None:
-        store = self._store
-        every = store.renew_every.total_seconds()
-        lease = store.lease.total_seconds()
-        params = {"run_id": self._run_id, "token": self._token, "lease": store.lease}
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
-            return await fetchone(conn, _sql.RENEW, params) is not None
-
-        while self._lost is None:
-            await asyncio.sleep(every)
-            sent = time.monotonic()
-            if sent >= self._deadline:
-                self._mark_lost("the lease ran out before it could be renewed")
-                return
-            try:
-                # One renewal a period, retried through a broken connection or a server
-                # restart until the lease runs out: an outage shorter than what is left
-                # of the lease costs nothing. A renewal that lands after the lease ran
-                # out changes nothing (it is conditional).
-                renewed = await store._connections.run(  # noqa: SLF001 -- the run handle is part of its store (same module)
-                    update,
-                    what="renewing the lease",
-                    run_id=self._run_id,
-                    until=self._deadline,
-                )
-            except SaveFailed as exc:  # retries off, or the lease is all but out
-                log.info("run %s: renewal failed (%s); trying again", self._run_id, exc)
-                continue
-            except Exception as exc:  # noqa: BLE001 - not a connection problem: the lease cannot be trusted
-                self._mark_lost(f"renewing failed: {type(exc).__name__}: {exc}")
-                return
-            if not renewed:
-                self._mark_lost("the lease was taken over or expired")
-                return
-            self._deadline = sent + lease
-            store.stats.renewals += 1
