@@ -41,14 +41,27 @@ from typing import Any, TypeVar
 from langchain_core.messages import AIMessage, ToolMessage
 
 from .. import frontend
-from ..approval import Approver, Done, No, Rerun, Yes
+from ..approval import Approver
 from ..decisions import AskLater, record_answer
 from ..engine import Event, Limits, RunSession, Save, shielded
 from ..frontend import NoArguments, saved_result, served_tool_context, serving
 from ..keys import validate_run_id
-from ..state import ApprovalKind, Effect, Phase, ToolCall, Usage, utcnow
+from ..state import Effect, Phase, ToolCall, Usage, utcnow
 from ..stores import Store
 from ..tools import LookupFunction, Tool, ToolContext
+from ._calls import (
+    Served,
+    ToolErrorMessage,
+    call_id,
+    decision_of,
+    message_of,
+    messages_of,
+    question_for,
+    replayed,
+    reply_of,
+    text_of,
+    usage_of,
+)
 from ._thread import thread_key
 
 __all__ = ["DurableTools", "tool_context"]
@@ -70,22 +83,6 @@ def tool_context() -> ToolContext:
         RuntimeError: called outside a tool call that ``DurableTools`` is serving.
     """
     return served_tool_context("durably.langgraph", "DurableTools (wrap_tool_call or middleware)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Served:
-    """One tool call as the engine sees it: its run, its call, the reply it belongs to."""
-
-    run_id: str
-    call: ToolCall
-    tool: Tool | None
-    """None: the tool is not registered, and LangGraph answers the call itself."""
-    reply: tuple[ToolCall, ...]
-    """Every call of the model message this call came in (saved together as one reply)."""
-    turn: int
-    usage: Usage
-    tool_call_id: str
-    arguments: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +169,7 @@ class DurableTools:
             return execute(request)
 
         async def run() -> ToolMessage:
-            return _message_of(execute(request), served)
+            return message_of(execute(request), served)
 
         return self._drive(served, lambda: self._settle(served, run), _in_own_loop)
 
@@ -183,7 +180,7 @@ class DurableTools:
             return await execute(request)
 
         async def run() -> ToolMessage:
-            return _message_of(await execute(request), served)
+            return message_of(await execute(request), served)
 
         while True:
             settled = await self._settle(served, run)
@@ -218,11 +215,9 @@ class DurableTools:
                 "of a graph compiled with a checkpointer and run with a thread_id"
             )
         given = dict(arguments or {})
-        call = ToolCall(
-            id=_call_id(str(info.task_id), name), name=name, arguments=json.dumps(given)
-        )
+        call = ToolCall(id=call_id(str(info.task_id), name), name=name, arguments=json.dumps(given))
         kind = Effect(effect)
-        served = _Served(
+        served = Served(
             run_id=validate_run_id(thread_key(str(info.thread_id))),
             call=call,
             tool=Tool(
@@ -246,7 +241,7 @@ class DurableTools:
             return ToolMessage(content=function(), tool_call_id=name, name=name)
 
         message = self._drive(served, lambda: self._settle(served, run), _in_own_loop)
-        return _text(message.content)
+        return text_of(message.content)
 
     def finish(self, state: Any, runtime: Any) -> None:
         """Save the thread's last reply as its answer (phase ``done``), once it calls no tool.
@@ -274,7 +269,7 @@ class DurableTools:
 
     def _drive(
         self,
-        served: _Served,
+        served: Served,
         settle: Callable[[], Coroutine[Any, Any, _Settled]],
         runner: Callable[[Callable[[], Coroutine[Any, Any, Any]]], Any],
     ) -> ToolMessage:
@@ -286,13 +281,13 @@ class DurableTools:
             answer = _interrupt(settled.question)
             runner(functools.partial(self._answer, served, answer))
 
-    async def _settle(self, served: _Served, run: Callable[[], Awaitable[ToolMessage]]) -> _Settled:
+    async def _settle(self, served: Served, run: Callable[[], Awaitable[ToolMessage]]) -> _Settled:
         """Answer one call: its saved result, or the engine's verdict; a question to ask."""
         async with self._session(served.run_id) as session:
             state = session.state
             saved = saved_result(state, served.call.id)
             if saved is not None:
-                return _Settled(message=_replayed(saved.content, saved.is_error, served))
+                return _Settled(message=replayed(saved.content, saved.is_error, served))
             if served.call.id not in session.open_calls():
                 session.check_call_ids(served.reply, model="langgraph")
                 await session.save_reply(
@@ -310,24 +305,24 @@ class DurableTools:
                     message = await run()
                 ran["message"] = message
                 if message.status == "error":
-                    raise ToolErrorMessage(_text(message.content))
-                return _text(message.content)
+                    raise ToolErrorMessage(text_of(message.content))
+                return text_of(message.content)
 
             if served.tool is None:  # pragma: no cover - _served passes these through
                 raise RuntimeError("an unregistered tool reached the engine")
             if not await session.settle(served.call, served.tool, served.arguments, run=tool_run):
-                return _Settled(question=_question(session, served))
+                return _Settled(question=question_for(session, served))
             if "message" in ran:
                 return _Settled(message=ran["message"])
             settled = saved_result(state, served.call.id)  # the ladder found it, or a person
             if settled is None:  # pragma: no cover - settle returns True only with a result
                 raise RuntimeError(f"call {served.call.id!r} settled without a result")
-            return _Settled(message=_replayed(settled.content, settled.is_error, served))
+            return _Settled(message=replayed(settled.content, settled.is_error, served))
 
     def _ended(self, state: Any, runtime: Any) -> tuple[str, AIMessage, int] | None:
         info = getattr(runtime, "execution_info", None)
         thread_id = getattr(info, "thread_id", None)
-        replies = [m for m in _messages(state) if isinstance(m, AIMessage)]
+        replies = [m for m in messages_of(state) if isinstance(m, AIMessage)]
         if not thread_id or not replies or replies[-1].tool_calls:
             return None
         return validate_run_id(thread_key(str(thread_id))), replies[-1], len(replies)
@@ -338,16 +333,16 @@ class DurableTools:
                 return  # saved already (a re-run of the last step), or a call is open
             await session.save_reply(
                 turn=turn,
-                text=_text(message.content),
+                text=text_of(message.content),
                 calls=(),
-                usage=_usage(message),
+                usage=usage_of(message),
                 dollars=0.0,
                 model=None,
             )
 
-    async def _answer(self, served: _Served, value: object) -> None:
+    async def _answer(self, served: Served, value: object) -> None:
         """Save what ``Command(resume=value)`` answered, as ``durably answer`` would."""
-        decision = _decision(value, served)
+        decision = decision_of(value, served)
         async with self._session(served.run_id) as session:
             state = session.state
             if served.call.id not in state.pending:
@@ -395,7 +390,7 @@ class DurableTools:
 
     # -- the call -------------------------------------------------------------------------
 
-    def _served(self, request: Any) -> _Served | None:
+    def _served(self, request: Any) -> Served | None:
         """The call of ``request`` as the engine sees it; None for a tool LangGraph refuses."""
         call = request.tool_call
         base = request.tool
@@ -413,7 +408,7 @@ class DurableTools:
                 "compile the graph with a checkpointer and invoke it with "
                 '{"configurable": {"thread_id": ...}}'
             )
-        message, turn = _reply_of(request.state, call["id"])
+        message, turn = reply_of(request.state, call["id"])
         if message is not None and message.id:
             anchor = str(message.id)
             calls = list(message.tool_calls)
@@ -428,21 +423,21 @@ class DurableTools:
                     f"{call['id']!r} nor the checkpoint it runs from is known"
                 )
         reply = tuple(
-            ToolCall(id=_call_id(anchor, c["id"]), name=c["name"], arguments=json.dumps(c["args"]))
+            ToolCall(id=call_id(anchor, c["id"]), name=c["name"], arguments=json.dumps(c["args"]))
             for c in calls
         )
-        me = _call_id(anchor, call["id"])
+        me = call_id(anchor, call["id"])
         mine = next((c for c in reply if c.id == me), None)
         if mine is None:
             mine = ToolCall(id=me, name=call["name"], arguments=json.dumps(call["args"]))
             reply = (*reply, mine)
-        return _Served(
+        return Served(
             run_id=validate_run_id(thread_key(str(thread_id))),
             call=mine,
             tool=self._tool(base),
             reply=reply,
             turn=turn,
-            usage=_usage(message),
+            usage=usage_of(message),
             tool_call_id=str(call["id"]),
             arguments=dict(call["args"]),
         )
@@ -489,108 +484,10 @@ class DurableTools:
         )
 
 
-class ToolErrorMessage(Exception):
-    """A tool's error message (``status="error"``), saved as an error result with its text."""
-
-
-def _call_id(anchor: str, tool_call_id: str | None) -> str:
-    return f"{anchor}.{tool_call_id}"
-
-
-def _messages(state: Any) -> list[Any]:
-    """The messages of a graph's state (a dict, an object with ``messages``, or a list)."""
-    messages = state.get("messages") if isinstance(state, Mapping) else None
-    if messages is None:
-        messages = getattr(state, "messages", None)
-    if messages is None and isinstance(state, list):
-        messages = state
-    return list(messages or ())
-
-
-def _usage(message: AIMessage | None) -> Usage:
-    """The tokens a model message says it cost (for people: LangGraph pays the model)."""
-    metadata = getattr(message, "usage_metadata", None) or {}
-    return Usage(
-        input_tokens=int(metadata.get("input_tokens", 0) or 0),
-        output_tokens=int(metadata.get("output_tokens", 0) or 0),
-    )
-
-
-def _reply_of(state: Any, tool_call_id: str) -> tuple[AIMessage | None, int]:
-    """The newest model message holding ``tool_call_id`` in the state, and its turn (1-based)."""
-    replies = [m for m in _messages(state) if isinstance(m, AIMessage)]
-    for turn in range(len(replies), 0, -1):
-        message = replies[turn - 1]
-        if any(c.get("id") == tool_call_id for c in message.tool_calls):
-            return message, turn
-    return None, 0
-
-
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else json.dumps(content)
-
-
-def _message_of(result: Any, served: _Served) -> ToolMessage:
-    if isinstance(result, ToolMessage):
-        return result
-    raise TypeError(
-        f"tool {served.call.name!r} returned {type(result).__name__}; durably.langgraph saves "
-        "a tool's ToolMessage (its text), and a Command that updates the graph is not covered"
-    )
-
-
-def _replayed(content: str, is_error: bool, served: _Served) -> ToolMessage:
-    """A saved result as the message LangGraph would have had from the tool."""
-    return ToolMessage(
-        content=content,
-        name=served.call.name,
-        tool_call_id=served.tool_call_id,
-        status="error" if is_error else "success",
-    )
-
-
-def _question(session: RunSession, served: _Served) -> dict[str, Any]:
-    """What ``interrupt()`` shows the graph's caller: the saved question and how to answer it."""
-    asked = session.state.pending.get(served.call.id)
-    kind = "resolve" if asked is not None and asked.kind is ApprovalKind.RESOLVE else "approve"
-    answers = "'yes' or {'no': reason}" if kind == "approve" else "'rerun' or {'done': result}"
-    return {
-        "durably": kind,
-        "run_id": served.run_id,
-        "call_id": served.call.id,
-        "tool": served.call.name,
-        "arguments": served.call.arguments,
-        "why": asked.why if asked is not None else None,
-        "answer": f"Command(resume={answers}), or durably answer {served.run_id} "
-        f"{served.call.id} ... and invoke(None)",
-    }
-
-
 def _interrupt(question: dict[str, Any] | None) -> object:
     from langgraph.types import interrupt
 
     return interrupt(question)
-
-
-def _decision(value: object, served: _Served) -> Yes | No | Rerun | Done:
-    """A resume value as a person's answer: Yes/No/Rerun/Done, or their plain forms."""
-    if isinstance(value, Yes | No | Rerun | Done):
-        return value
-    if value in ("yes", "rerun"):
-        return Yes() if value == "yes" else Rerun()
-    if value == "no":
-        return No()
-    if isinstance(value, Mapping) and len(value) == 1:
-        ((kind, text),) = value.items()
-        if kind == "done" and isinstance(text, str):
-            return Done(text)
-        if kind == "no" and isinstance(text, str):
-            return No(text)
-    raise ValueError(
-        f"call {served.call.id!r} of tool {served.call.name!r}: resume with 'yes', 'no', "
-        f"{{'no': reason}}, 'rerun' or {{'done': result}} (or durably.Yes/No/Rerun/Done), "
-        f"not {value!r}; nothing was saved"
-    )
 
 
 def _in_own_loop(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
