@@ -140,6 +140,9 @@ class Index:
 
     checkpoints: dict[str, dict[str, Put]] = field(default_factory=dict)
     """namespace -> checkpoint ID -> its record (blobs moved into ``nodes``)."""
+    latest: dict[str, str] = field(default_factory=dict)
+    """namespace -> its newest checkpoint ID: the greatest, as LangGraph's IDs sort by time
+    (kept as records apply, so finding the latest costs nothing however long the thread)."""
     nodes: dict[tuple[str, str, Version], Node] = field(default_factory=dict)
     """(namespace, channel, version) -> the blob last stored under that key."""
     tips: dict[tuple[str, str], Node] = field(default_factory=dict)
@@ -166,6 +169,8 @@ class Index:
             if isinstance(record, Put):
                 record.blobs = []
                 self.checkpoints.setdefault(record.ns, {})[record.id] = record
+                if record.id > self.latest.get(record.ns, ""):
+                    self.latest[record.ns] = record.id
         self.seq = record.seq
 
     def apply_writes(self, record: Record, *, path: str = "") -> None:

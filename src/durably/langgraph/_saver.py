@@ -396,9 +396,7 @@ class DurablySaver(SaverForms):
                 owned = thread_id in self._owned
                 handle = self._borrow(thread_id)
                 try:
-                    keep = {
-                        (ns, max(by_id)) for ns, by_id in handle.index.checkpoints.items() if by_id
-                    }
+                    keep = set(handle.index.latest.items())
                     self._rewrite(handle, keep)
                 finally:
                     if not owned:
@@ -429,14 +427,13 @@ class DurablySaver(SaverForms):
         with self._lock:
             index = self._index(thread_id)
             by_id = index.checkpoints.get(ns) if index is not None else None
+            latest = index.latest.get(ns) if index is not None else None
             seen = self._seen_latest.setdefault((thread_id, ns), set())
             if checkpoint_id is not None:
                 seen.discard(checkpoint_id)  # addressed by id: a put on it forks on purpose
-            elif not by_id:
-                seen.add(None)
             else:
-                checkpoint_id = max(by_id)
-                seen.add(checkpoint_id)
+                checkpoint_id = latest
+                seen.add(latest)
             if index is None or not by_id or checkpoint_id is None:
                 return None
             record = by_id.get(checkpoint_id)
@@ -471,10 +468,9 @@ class DurablySaver(SaverForms):
 
     def _refuse_stale(self, handle: ThreadLog, ns: str, parent: str | None) -> None:
         """Raise :class:`StaleThread` if a put on ``parent`` would fork the chain unasked."""
-        by_id = handle.index.checkpoints.get(ns) if handle.exists else None
-        if not by_id:
+        latest = handle.index.latest.get(ns) if handle.exists else None
+        if latest is None:
             return
-        latest = max(by_id)
         if parent != latest and parent in self._seen_latest.get((handle.thread_id, ns), ()):
             raise StaleThread(thread_id=handle.thread_id, ns=ns, parent=parent, latest=latest)
 
