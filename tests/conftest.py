@@ -14,6 +14,7 @@ factor by hand.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +94,27 @@ def shared() -> Iterator[Path]:
     """A directory every user may create files in, as /tmp."""
     with shared_directory() as path:
         yield path
+
+
+_WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _signal_setup() -> tuple[object, ...]:
+    """This process's dispositions of the interactive signals, and its blocked mask."""
+    return (
+        *(signal.getsignal(s) for s in _WATCHED_SIGNALS),
+        frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, ())),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """A test leaves the process's signal handling as it found it.
+
+    Children started later inherit what it leaves: a SIGINT left ignored (or blocked)
+    makes every later child deaf to Ctrl-C, and a later test fails for no fault of its own.
+    """
+    before = _signal_setup()
+    yield
+    after = _signal_setup()
+    assert after == before, f"signal handling changed by this test: {before} -> {after}"

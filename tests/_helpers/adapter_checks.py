@@ -13,14 +13,18 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import durably
 from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, Service
 from durably import faults
 from durably.engine import SavePoint
-from durably.postgres import PostgresStore
+from durably.postgres import PostgresStore, Registry, WorkReport, work
 from durably.sweep import RUN_ID, SweepReport, run_in_child
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 LEASE = timedelta(seconds=1)
 """The killed process's lease: the next process may take the run once it has run out."""
@@ -123,3 +127,40 @@ def check_killed_on_postgres(
     assert log.turns(RUN_ID)[: len(asked)] == asked
     assert sorted(set(log.turns(RUN_ID))) == turns
     assert log.paid_twice(RUN_ID) == 0
+
+
+async def work_until_done(store: PostgresStore, registry: Registry) -> WorkReport:
+    """Run a worker until it has finished the run, then stop it and return its report.
+
+    Finished means the run is saved done and its lease was freed: the worker's task
+    for it has ended (and counted it). Stopped as soon as the state read done, the
+    worker could cancel that task between its last save and its return, and count
+    the run as handed back.
+    """
+    stop = asyncio.Event()
+    worker = asyncio.create_task(work(store, registry=registry, stop=stop, poll=0.05))
+    deadline = time.monotonic() + stretched(120)  # a dead lease runs out in 1 s
+    while not await _finished(store):
+        assert time.monotonic() < deadline, "the worker did not finish the run in time"
+        assert not worker.done(), worker
+        await asyncio.sleep(0.05)
+    stop.set()
+    return await worker
+
+
+async def _finished(store: PostgresStore) -> bool:
+    """Whether the run is saved done and nobody holds its lease."""
+    try:
+        if (await store.read(RUN_ID)).phase is not durably.Phase.DONE:
+            return False
+    except durably.RunNotFound:  # queued: no state yet
+        return False
+
+    async def free(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
+        cursor = await conn.execute(
+            "SELECT expires_at IS NULL FROM durably_runs WHERE run_id = %s", (RUN_ID,)
+        )
+        row = await cursor.fetchone()
+        return row is not None and bool(row[0])
+
+    return await store.execute(free, what="reading the run's lease", writes=False)

@@ -17,12 +17,12 @@ import pytest
 from _oai_world import build
 
 import durably
-from _helpers.adapter_checks import Person, check_killed_on_postgres
+from _helpers.adapter_checks import Person, check_killed_on_postgres, work_until_done
 from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.openai_agents import WorkerAgent, worker_agent
-from durably.postgres import PostgresStore, Registry, WorkReport, submit, work
+from durably.postgres import PostgresStore, Registry, WorkReport, submit
 from durably.sweep import RUN_ID, run_in_child
 
 pytestmark = pytest.mark.postgres
@@ -75,19 +75,6 @@ def _registry(service: Service, log: durably.CallLog) -> Registry:
     return registry
 
 
-async def _work_until_done(store: PostgresStore, registry: Registry) -> WorkReport:
-    """Run a worker until the run is done, then stop it and return its report."""
-    stop = asyncio.Event()
-    worker = asyncio.create_task(work(store, registry=registry, stop=stop, poll=0.05))
-    deadline = time.monotonic() + WAIT  # a dead lease runs out in 1 s
-    while not await _done(store):
-        assert time.monotonic() < deadline, "the worker did not finish the run in time"
-        assert not worker.done(), worker
-        await asyncio.sleep(0.05)
-    stop.set()
-    return await worker
-
-
 async def _done(store: PostgresStore) -> bool:
     """Whether the run has a state, and it is done (a queued run has none yet)."""
     try:
@@ -116,7 +103,7 @@ def test_a_worker_killed_mid_call_leaves_an_openai_agents_run_another_worker_fin
     def first() -> None:
         async def main() -> None:
             async with PostgresStore(pg_dsn, lease=LEASE) as store:
-                await _work_until_done(store, _registry(service, log))
+                await work_until_done(store, _registry(service, log))
 
         with faults.installed(faults.CrashPlan(label="loop.tool_returned:refund")):
             asyncio.run(main())
@@ -129,7 +116,7 @@ def test_a_worker_killed_mid_call_leaves_an_openai_agents_run_another_worker_fin
 
     async def second() -> tuple[WorkReport, durably.RunState]:
         async with PostgresStore(pg_dsn, lease=LEASE) as store:
-            report = await _work_until_done(store, _registry(service, log))
+            report = await work_until_done(store, _registry(service, log))
             return report, await store.read(RUN_ID)
 
     report, state = asyncio.run(second())
