@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def abort_showing_stacks(pid: int, fd: int) -> str:
     SIGABRT makes the child's faulthandler (``PYTHONFAULTHANDLER``) print every thread's
     stack to its terminal, which names what it was waiting for; then it is killed.
     """
+    facts = [_signal_facts(pid), _terminal_facts(pid, fd)]
     os.kill(pid, signal.SIGABRT)
     printed = b""
     deadline = time.monotonic() + stretched(5)
@@ -83,7 +85,29 @@ def abort_showing_stacks(pid: int, fd: int) -> str:
     if not exited:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    return printed.decode(errors="replace")[-6000:]
+    return "\n".join([*facts, printed.decode(errors="replace")[-6000:]])
+
+
+def _signal_facts(pid: int) -> str:
+    """The child's signal masks as the kernel has them (pending, blocked, ignored, caught)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"no /proc status: {exc}"
+    wanted = ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    masks = "; ".join(line for line in status if line.startswith(wanted))
+    return f"child signals (SIGINT is bit 1, 0x2): {masks}"
+
+
+def _terminal_facts(pid: int, fd: int) -> str:
+    """Whether the terminal turns Ctrl-C into SIGINT, and for which process group."""
+    try:
+        isig = bool(termios.tcgetattr(fd)[3] & termios.ISIG)
+        return (
+            f"terminal: ISIG {isig}, foreground group {os.tcgetpgrp(fd)}, child's {os.getpgid(pid)}"
+        )
+    except OSError as exc:
+        return f"terminal: unreadable ({exc})"
 
 
 def saved_state(state: Path) -> dict[str, object]:
