@@ -8,7 +8,6 @@ matters), on one small configuration.
 from __future__ import annotations
 
 import os
-import pty
 import re
 import select
 import shutil
@@ -22,6 +21,7 @@ import pytest
 
 from _helpers.mutants import ENV
 from _helpers.patience import stretched
+from _helpers.terminal import on_a_terminal
 
 TESTS = Path(__file__).parent
 SITE = TESTS / "_helpers" / "mutant_site"
@@ -43,11 +43,7 @@ def _sweep(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def _on_a_terminal(*args: str) -> tuple[int, int]:
     """Start the sweep on a pseudo-terminal 80 columns wide: its pid and the terminal's fd."""
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the child execs at once
-        os.environ["COLUMNS"] = "80"
-        os.execv(sys.executable, [*SWEEP, *args])  # noqa: S606 -- the command itself, no shell
-    return pid, fd
+    return on_a_terminal([*SWEEP, *args], {**os.environ, "COLUMNS": "80"})
 
 
 def _read(fd: int, until: re.Pattern[bytes] | None = None) -> bytes:

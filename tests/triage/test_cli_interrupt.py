@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pty
 import select
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from _helpers.patience import stretched
+from _helpers.terminal import on_a_terminal
 from durably.cli import EXIT
 
 M1 = "m1-done-after-delete"
@@ -137,12 +137,7 @@ def test_ctrl_c_at_the_approval_prompt_exits_130_at_once_with_the_run_saved_paus
     state = tmp_path / "state"
     argv = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
     argv += ["--model", "replay"]
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: a session of its own whose controlling terminal is the pty
-        try:
-            os.execve(sys.executable, argv, ENV)  # noqa: S606 - argv is ours, no shell
-        finally:
-            os._exit(127)
+    pid, fd = on_a_terminal(argv, ENV)
     code: int | None = None
     hung = ""
     try:
@@ -249,12 +244,7 @@ def test_ctrl_c_during_a_model_call_exits_130_at_once_with_the_call_marked(
     argv = [sys.executable, "-m", "durably", "triage", "--task", M1, "--state", str(state)]
     argv += ["--model", "anthropic", "--approve", "off"]
     env = {**ENV, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"}
-    pid, fd = pty.fork()
-    if pid == 0:
-        try:
-            os.execve(sys.executable, argv, env)  # noqa: S606 - argv is ours, no shell
-        finally:
-            os._exit(127)
+    pid, fd = on_a_terminal(argv, env)
     code: int | None = None
     hung = ""
     try:
