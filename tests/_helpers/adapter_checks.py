@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import durably
 from _helpers.patience import stretched
-from _helpers.refund_world import ANSWER, EMAIL, NOTE, Service
+from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, Service
 from durably import faults
 from durably.engine import SavePoint
-from durably.postgres import PostgresStore, Registry, WorkReport, work
+from durably.postgres import PostgresStore, Registry, WorkReport, submit, work
 from durably.sweep import RUN_ID, SweepReport, run_in_child
 
 if TYPE_CHECKING:
@@ -164,3 +164,58 @@ async def _finished(store: PostgresStore) -> bool:
         return row is not None and bool(row[0])
 
     return await store.execute(free, what="reading the run's lease", writes=False)
+
+
+def check_worker_takeover(
+    tmp_path: Path,
+    dsn: str,
+    registry: Callable[[Service, durably.CallLog], Registry],
+    *,
+    agent: str,
+    reference: dict[str, int],
+    turns_after: list[int],
+) -> None:
+    """A queued run's first worker is SIGKILLed after the refund acted, before its result
+    was saved; a second worker claims it once the lease ran out and finishes it.
+
+    Checks each effect once (``reference``), the run resumed once and done, the model
+    asked only for ``turns_after`` past what the first worker had asked, and no reply
+    paid twice.
+    """
+    service = Service(tmp_path / "service")
+    service.prepare()
+    log = durably.CallLog(tmp_path / "model.jsonl")
+
+    async def queue() -> None:
+        async with PostgresStore(dsn, lease=LEASE) as store:
+            await submit(store, agent_name=agent, task=TASK, run_id=RUN_ID)
+
+    asyncio.run(queue())
+
+    def first() -> None:
+        async def main() -> None:
+            async with PostgresStore(dsn, lease=LEASE) as store:
+                await work_until_done(store, registry(service, log))
+
+        with faults.installed(faults.CrashPlan(label="loop.tool_returned:refund")):
+            asyncio.run(main())
+
+    status = run_in_child(first)
+    assert os.WIFSIGNALED(status), status
+    assert os.WTERMSIG(status) == signal.SIGKILL, status
+    assert service.effects() == {"refund 1042": 1}
+    asked = log.turns(RUN_ID)
+
+    async def second() -> tuple[WorkReport, durably.RunState]:
+        async with PostgresStore(dsn, lease=LEASE) as store:
+            report = await work_until_done(store, registry(service, log))
+            return report, await store.read(RUN_ID)
+
+    report, state = asyncio.run(second())
+
+    assert (report.claimed, report.started, report.done) == (1, 0, 1)
+    assert state.answer == ANSWER
+    assert state.resumes == 1
+    assert service.effects() == reference
+    assert log.turns(RUN_ID) == [*asked, *turns_after]
+    assert log.paid_twice(RUN_ID) == 0

@@ -17,13 +17,12 @@ import pytest
 from _oai_world import build
 
 import durably
-from _helpers.adapter_checks import Person, check_killed_on_postgres, work_until_done
+from _helpers.adapter_checks import Person, check_killed_on_postgres, check_worker_takeover
 from _helpers.patience import stretched
 from _helpers.refund_world import ANSWER, EMAIL, NOTE, TASK, Service
-from durably import faults
 from durably.openai_agents import WorkerAgent, worker_agent
-from durably.postgres import PostgresStore, Registry, WorkReport, submit
-from durably.sweep import RUN_ID, run_in_child
+from durably.postgres import PostgresStore, Registry
+from durably.sweep import RUN_ID
 
 pytestmark = pytest.mark.postgres
 
@@ -90,43 +89,9 @@ def test_a_worker_killed_mid_call_leaves_an_openai_agents_run_another_worker_fin
     the keyed refund acted and before its result was saved, the run is claimed by a second
     worker once the lease ran out, which finishes it: each effect once, no reply paid twice.
     """
-    service = Service(tmp_path / "service")
-    service.prepare()
-    log = durably.CallLog(tmp_path / "model.jsonl")
-
-    async def queue() -> None:
-        async with PostgresStore(pg_dsn, lease=LEASE) as store:
-            await submit(store, agent_name="oai-refunds", task=TASK, run_id=RUN_ID)
-
-    asyncio.run(queue())
-
-    def first() -> None:
-        async def main() -> None:
-            async with PostgresStore(pg_dsn, lease=LEASE) as store:
-                await work_until_done(store, _registry(service, log))
-
-        with faults.installed(faults.CrashPlan(label="loop.tool_returned:refund")):
-            asyncio.run(main())
-
-    status = run_in_child(first)
-    assert os.WIFSIGNALED(status), status
-    assert os.WTERMSIG(status) == signal.SIGKILL, status
-    assert service.effects() == {"refund 1042": 1}
-    asked = log.turns(RUN_ID)
-
-    async def second() -> tuple[WorkReport, durably.RunState]:
-        async with PostgresStore(pg_dsn, lease=LEASE) as store:
-            report = await work_until_done(store, _registry(service, log))
-            return report, await store.read(RUN_ID)
-
-    report, state = asyncio.run(second())
-
-    assert (report.claimed, report.started, report.done) == (1, 0, 1)
-    assert state.answer == ANSWER
-    assert state.resumes == 1
-    assert service.effects() == REFERENCE
-    assert log.turns(RUN_ID) == [*asked, 3, 4, 5]
-    assert log.paid_twice(RUN_ID) == 0
+    check_worker_takeover(
+        tmp_path, pg_dsn, _registry, agent="oai-refunds", reference=REFERENCE, turns_after=[3, 4, 5]
+    )
 
 
 def _cli(*args: str, root: Path) -> subprocess.Popen[str]:
