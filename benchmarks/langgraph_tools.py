@@ -26,6 +26,7 @@ Run: ``.venv/bin/python benchmarks/langgraph_tools.py [--rounds 50] [--repeat 5]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
 import statistics
@@ -49,6 +50,8 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
 from durably.langgraph import DurableTools  # noqa: E402
+from durably.langgraph._thread import thread_key  # noqa: E402
+from durably.state import ToolResult  # noqa: E402
 from durably.stores.journal import JournalStore  # noqa: E402
 
 CONTENDERS = ("plain", "read", "keyed")
@@ -91,11 +94,24 @@ def run_once(name: str, base: Path, rounds: int, tag: int) -> list[float]:
     else:
         tools = DurableTools(JournalStore(base / f"{name}-{tag}"), effects={"lookup": name})
         compiled = graph(tools.wrap_tool_call, latencies, rounds)
-    config = {"configurable": {"thread_id": f"bench-{name}-{tag}"}, "recursion_limit": 10_000}
-    compiled.invoke(question(), config)
+    thread_id = f"bench-{name}-{tag}"
+    compiled.invoke(
+        question(), {"configurable": {"thread_id": thread_id}, "recursion_limit": 10_000}
+    )
     if len(latencies) != rounds:
         raise RuntimeError(f"{name}: {len(latencies)} tool calls timed, {rounds} expected")
+    if name != "plain":
+        saved = asyncio.run(saved_results(base / f"{name}-{tag}", thread_key(thread_id)))
+        if saved != rounds:  # a call the wrapper passed through would time like plain
+            raise RuntimeError(f"{name}: {saved} results saved for {rounds} calls")
     return latencies
+
+
+async def saved_results(directory: Path, run_id: str) -> int:
+    """How many tool results the run of a thread holds in its store."""
+    async with JournalStore(directory) as store:
+        state = await store.read(run_id)
+    return sum(isinstance(message, ToolResult) for message in state.messages)
 
 
 def p99(values: list[float]) -> float:

@@ -101,8 +101,7 @@ class LeaseKeeper:
 
     Args:
         connections: the store's pool and retrying sender (its ``stats`` are counted).
-        lease: the handle's lease.
-        length: how long a lease lasts.
+        lease: the handle's lease (it lasts ``connections.lease``).
         every: how often it is renewed.
         deadline: when the lease taken (or last renewed) surely runs out.
     """
@@ -112,13 +111,11 @@ class LeaseKeeper:
         connections: Connections,
         lease: Lease,
         *,
-        length: timedelta,
         every: timedelta,
         deadline: float,
     ) -> None:
         self.connections = connections
         self.lease = lease
-        self.length = length
         self.every = every
         self.deadline = deadline
         self.lost: str | None = None
@@ -196,8 +193,9 @@ class LeaseKeeper:
 
     async def _renew_forever(self) -> None:
         run_id = self.lease.run_id
-        every, length = self.every.total_seconds(), self.length.total_seconds()
-        params = {"run_id": run_id, "token": self.lease.token, "lease": self.length}
+        length = self.connections.lease
+        every, seconds = self.every.total_seconds(), length.total_seconds()
+        params = {"run_id": run_id, "token": self.lease.token, "lease": length}
 
         async def update(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
             return await fetchone(conn, _sql.RENEW, params) is not None
@@ -225,5 +223,5 @@ class LeaseKeeper:
             if not renewed:
                 self.mark_lost("the lease was taken over or expired")
                 return
-            self.deadline = sent + length
+            self.deadline = sent + seconds
             self.connections.stats.renewals += 1

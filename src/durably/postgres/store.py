@@ -402,7 +402,6 @@ class PostgresRun:
         self.keeper = LeaseKeeper(
             store._connections,  # noqa: SLF001 -- the store makes its handles (same module)
             self.lease,
-            length=store.lease,
             every=store.renew_every,
             deadline=deadline,
         )
