@@ -16,12 +16,16 @@ Usage: ``python _pg_child.py <command> <dsn> <lease-seconds> ...``. Commands:
   BATCH runs a statement, under a CrashPlan that SIGKILLs this process at crash point
   LABEL (``label@N``: its Nth time; empty: none, the test kills it); print the report
   as JSON if it is never reached.
+
+On SIGUSR1 a child writes the stack of every asyncio task it has to stderr: a test
+that waits on a silent child asks for them before it fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -43,6 +47,14 @@ from durably.postgres import (  # noqa: E402
     housekeeping,
     work,
 )
+
+
+def dump_tasks() -> None:
+    """Every asyncio task's stack, to stderr: where a silent child is waiting."""
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def say(message: object) -> None:
@@ -144,6 +156,7 @@ async def prune(store: PostgresStore, batch: int, label: str) -> None:
 
 
 async def main(command: str, dsn: str, lease: str, *args: str) -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
     seconds = float(lease)
     async with PostgresStore(
         dsn, lease=timedelta(seconds=seconds), renew_every=timedelta(seconds=seconds / 4)
@@ -157,6 +170,7 @@ async def main(command: str, dsn: str, lease: str, *args: str) -> None:
         elif command == "agent":
             await agent(store, args[0], Path(args[1]))
         elif command == "worker":
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
             await worker(store, Path(args[0]), int(args[1]), float(args[2]))
         elif command == "prune":
             await prune(store, int(args[0]), args[1] if len(args) > 1 else "")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Self
 
@@ -50,7 +52,10 @@ class Child:
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"child {self.pid} said nothing for {timeout}s") from None
+            raise AssertionError(
+                f"child {self.pid} said nothing for {timeout}s; its tasks and log:\n"
+                + self._stacks()
+            ) from None
         if line is None:
             self.process.wait(timeout=stretched(10))
             if self.process.stderr is not None:
@@ -59,6 +64,14 @@ class Child:
                 stderr = self.log.read_text() if self.log else ""
             raise AssertionError(f"child {self.pid} exited ({self.process.returncode}):\n{stderr}")
         return line
+
+    def _stacks(self) -> str:
+        """Ask a silent child for its tasks' stacks (SIGUSR1) and return its log's tail."""
+        if self.process.poll() is not None or self.log is None:
+            return "(no log: its stderr is a pipe)" if self.log is None else "(it has exited)"
+        self.process.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        return self.log.read_text()[-20_000:]
 
     def json(self, timeout: float = 30) -> dict[str, Any]:
         """The next line, parsed as JSON."""
