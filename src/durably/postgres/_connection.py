@@ -280,8 +280,15 @@ class Connections:
         """One try of :meth:`run`'s operation on a pooled connection."""
         pool = self.pool if self._migrated and self.pool is not None else await self.connect()
         timeout = max(0.05, deadline - time.monotonic())
-        async with pool.connection(timeout=timeout) as conn:
+        # getconn and putconn, not pool.connection(): its exit commits, which for
+        # these autocommit statements does nothing but costs CPU on every save
+        # (docs/design.md, "A save's own CPU"). putconn still discards or resets a
+        # connection an error left broken or in a transaction.
+        conn = await pool.getconn(timeout=timeout)
+        try:
             if conn.autocommit:
                 return await operation(conn)
             async with conn.transaction():
                 return await operation(conn)
+        finally:
+            await pool.putconn(conn)
