@@ -178,7 +178,7 @@ class LeaseKeeper:
         params = {"run_id": run_id, "token": self.lease.token}
 
         async def update(conn: AsyncConnection[tuple[Any, ...]]) -> None:
-            await conn.execute(_sql.RELEASE, params)
+            await _sql.cursor_of(conn).execute(_sql.RELEASE, params)
 
         try:
             await self.connections.run(

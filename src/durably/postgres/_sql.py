@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
+    from psycopg import AsyncConnection, AsyncCursor
 
 __all__ = [
     "ACQUIRE",
@@ -34,6 +34,7 @@ __all__ = [
     "STORED",
     "WHY_NOT",
     "Landed",
+    "cursor_of",
     "fetchone",
     "saving",
 ]
@@ -247,7 +248,7 @@ def saving(
         statement = SAVE_STATE if params["change"] is None else SAVE_CHANGE
 
         async def one(conn: AsyncConnection[tuple[Any, ...]]) -> Landed:
-            cursor = await conn.execute(statement, params)
+            cursor = await cursor_of(conn).execute(statement, params)
             return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
 
         return one
@@ -264,7 +265,7 @@ def saving(
     }
 
     async def many(conn: AsyncConnection[tuple[Any, ...]]) -> Landed:
-        cursor = await conn.execute(SAVE_MANY, columns)
+        cursor = await cursor_of(conn).execute(SAVE_MANY, columns)
         return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
 
     return many
@@ -273,5 +274,26 @@ def saving(
 async def fetchone(
     conn: AsyncConnection[tuple[Any, ...]], sql: str, params: dict[str, Any]
 ) -> tuple[Any, ...] | None:
-    cursor = await conn.execute(sql, params)
+    cursor = await cursor_of(conn).execute(sql, params)
     return await cursor.fetchone()
+
+
+_CURSOR = "_durably_cursor"
+
+
+def cursor_of(conn: AsyncConnection[Any]) -> AsyncCursor[tuple[Any, ...]]:
+    """The cursor durably sends its frequent statements (saves, renewals) with on ``conn``.
+
+    Made once per connection (with tuple rows) and kept on it: a new cursor per
+    statement, as ``conn.execute`` makes, sets psycopg's adapters up again each time,
+    about 20 us of CPU a save (docs/design.md, "A save's own CPU"). A connection is
+    used by one task at a time (it is taken from the pool), so one cursor is never in
+    two statements at once; each caller reads its rows before the next statement.
+    """
+    cursor: AsyncCursor[tuple[Any, ...]] | None = getattr(conn, _CURSOR, None)
+    if cursor is None or cursor.closed:
+        from psycopg.rows import tuple_row
+
+        cursor = conn.cursor(row_factory=tuple_row)
+        setattr(conn, _CURSOR, cursor)
+    return cursor
