@@ -256,3 +256,54 @@ def test_tools_wait_out_a_dead_owners_run_lease_instead_of_meeting_locked(
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {"last": "all done"}
     assert len(charges.read_text().splitlines()) == 1
+
+
+def test_a_checkpoint_or_a_write_put_again_goes_as_before_and_a_first_put_is_one_statement(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put first goes with plain inserts (one statement); put again, it finds its rows and
+    goes again as before: the checkpoint's row replaced, a regular write kept, a special
+    write (an interrupt's) replaced.
+    """
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from durably.langgraph import _pg_sql
+    from durably.langgraph._postgres import PostgresThreadSaver as Saver
+
+    sent: list[str] = []
+    execute = Saver._execute  # noqa: SLF001 -- counting the statements a put sends
+
+    def counted(self: Saver, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        sent.append(sql)
+        return execute(self, sql, params)
+
+    monkeypatch.setattr(Saver, "_execute", counted)
+    config: Any = {"configurable": {"thread_id": "again", "checkpoint_ns": ""}}
+    with PostgresThreadSaver(pg_dsn) as saver:
+        checkpoint: Any = {**empty_checkpoint(), "channel_values": {"notes": ["a"]}}
+        checkpoint["channel_versions"] = {"notes": "1"}
+        saver.claim("again")
+        sent.clear()
+        stored = saver.put(config, checkpoint, {"step": 1}, {"notes": "1"})
+        assert sent == [_pg_sql.PUT_NEW]
+        sent.clear()
+        saver.put(config, checkpoint, {"step": 2}, {"notes": "1"})
+        assert sent == [_pg_sql.PUT_NEW, _pg_sql.PUT]
+        found = saver.get_tuple(stored)
+        assert found is not None
+        assert found.metadata["step"] == 2
+        assert found.checkpoint["channel_values"] == {"notes": ["a"]}
+
+        sent.clear()
+        saver.put_writes(stored, [("notes", "first")], "task")
+        assert sent == [_pg_sql.PUT_WRITES_NEW]
+        saver.put_writes(stored, [("notes", "second")], "task")
+        assert sent[1:] == [_pg_sql.PUT_WRITES_NEW, _pg_sql.PUT_WRITES_KEPT]
+        saver.put_writes(stored, [("__interrupt__", "asked")], "task")
+        saver.put_writes(stored, [("__interrupt__", "asked again")], "task")
+        found = saver.get_tuple(stored)
+        assert found is not None
+        assert sorted((c, v) for _, c, v in found.pending_writes) == [
+            ("__interrupt__", "asked again"),
+            ("notes", "first"),
+        ]

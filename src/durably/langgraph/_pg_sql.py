@@ -20,7 +20,10 @@ __all__ = [
     "GET",
     "KEEP_LATEST",
     "PUT",
+    "PUT_NEW",
     "PUT_WRITES",
+    "PUT_WRITES_KEPT",
+    "PUT_WRITES_NEW",
     "RELEASE",
     "RENEW",
     "WRITES",
@@ -59,8 +62,8 @@ fence AS (
 """The lease check every write starts with: the thread's row, locked against a takeover
 until the statement commits, only while the token is this saver's and the lease runs."""
 
-PUT = f"""
-WITH {FENCE}, latest AS (
+_PUT = """
+WITH {fence}, latest AS (
     SELECT max(checkpoint_id) AS id FROM durably_lg_checkpoints
     WHERE thread_id = %(thread_id)s AND ns = %(ns)s
 ), ok AS (
@@ -71,37 +74,70 @@ WITH {FENCE}, latest AS (
         (thread_id, ns, checkpoint_id, parent_id, run_id, type, checkpoint, meta_type, metadata)
     SELECT thread_id, %(ns)s, %(id)s, %(parent)s, %(run_id)s, %(type)s, %(checkpoint)s,
            %(meta_type)s, %(metadata)s
-    FROM ok
-    ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE
-    SET parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id, type = EXCLUDED.type,
-        checkpoint = EXCLUDED.checkpoint, meta_type = EXCLUDED.meta_type,
-        metadata = EXCLUDED.metadata
+    FROM ok{checkpoint_conflict}
 ), bl AS (
     INSERT INTO durably_lg_blobs (thread_id, ns, channel, version, type, data, base)
     SELECT ok.thread_id, %(ns)s, b.channel, b.version, b.type, b.data, b.base
     FROM ok, unnest(%(channels)s::text[], %(versions)s::text[], %(types)s::text[],
                     %(datas)s::bytea[], %(bases)s::text[])
-         AS b(channel, version, type, data, base)
-    ON CONFLICT (thread_id, ns, channel, version) DO NOTHING
+         AS b(channel, version, type, data, base){blob_conflict}
 )
 SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ok), (SELECT id FROM latest)
-"""  # noqa: S608 -- built from this module's constants only
-"""A checkpoint and its new channel values, fenced and checked against the latest, in one
-statement: the first count is 0 when the lease is gone, the second when the put is stale."""
+"""
 
-PUT_WRITES = f"""
-WITH {FENCE}, upserted AS (
+PUT = _PUT.format(
+    fence=FENCE,
+    checkpoint_conflict="""
+    ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE
+    SET parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id, type = EXCLUDED.type,
+        checkpoint = EXCLUDED.checkpoint, meta_type = EXCLUDED.meta_type,
+        metadata = EXCLUDED.metadata""",
+    blob_conflict="""
+    ON CONFLICT (thread_id, ns, channel, version) DO NOTHING""",
+)
+"""A checkpoint and its new channel values, fenced and checked against the latest, in one
+statement: the first count is 0 when the lease is gone, the second when the put is stale.
+A checkpoint put again replaces its row and keeps the values stored."""
+
+PUT_NEW = _PUT.format(fence=FENCE, checkpoint_conflict="", blob_conflict="")
+""":data:`PUT` for a checkpoint not stored yet, as nearly every put is: plain inserts,
+where ``ON CONFLICT`` makes each row a speculative insertion (an index probe first and
+a confirm record in the WAL after). A put that finds its rows there fails with a
+unique violation, writes nothing, and is sent again as :data:`PUT`."""
+
+_PUT_WRITES = """
+WITH {fence}, upserted AS (
     INSERT INTO durably_lg_writes
         (thread_id, ns, checkpoint_id, task_id, idx, channel, type, data, task_path)
     SELECT fence.thread_id, %(ns)s, %(checkpoint_id)s, %(task_id)s, w.idx, w.channel,
            w.type, w.data, %(task_path)s
     FROM fence, unnest(%(idxs)s::int[], %(channels)s::text[], %(types)s::text[],
-                       %(datas)s::bytea[]) AS w(idx, channel, type, data)
-    ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO {{conflict}}
+                       %(datas)s::bytea[]) AS w(idx, channel, type, data){conflict}
 )
 SELECT count(*) FROM fence
-"""  # noqa: S608 -- built from this module's constants only
-"""A task's writes, fenced; special writes (idx < 0) replace, regular ones never do."""
+"""
+
+PUT_WRITES = _PUT_WRITES.format(
+    fence=FENCE,
+    conflict="""
+    ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO UPDATE
+    SET channel = EXCLUDED.channel, type = EXCLUDED.type, data = EXCLUDED.data,
+        task_path = EXCLUDED.task_path""",
+)
+"""A task's special writes (idx < 0: an error, an interrupt, a resume), fenced; they
+replace what the task wrote before at the same index."""
+
+PUT_WRITES_KEPT = _PUT_WRITES.format(
+    fence=FENCE,
+    conflict="""
+    ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO NOTHING""",
+)
+"""A task's regular writes, fenced; one stored before is kept, never replaced."""
+
+PUT_WRITES_NEW = _PUT_WRITES.format(fence=FENCE, conflict="")
+""":data:`PUT_WRITES_KEPT` for writes not stored yet, with plain inserts (as
+:data:`PUT_NEW`); one that finds a write there fails, writes nothing, and is sent again
+as :data:`PUT_WRITES_KEPT`."""
 
 GET = """
 SELECT ns, checkpoint_id, parent_id, type, checkpoint, meta_type, metadata

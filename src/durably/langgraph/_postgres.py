@@ -58,7 +58,10 @@ from ._pg_sql import (
     GET,
     KEEP_LATEST,
     PUT,
+    PUT_NEW,
     PUT_WRITES,
+    PUT_WRITES_KEPT,
+    PUT_WRITES_NEW,
     RELEASE,
     RENEW,
     WRITES,
@@ -175,6 +178,20 @@ class PostgresThreadSaver(SaverForms):
         with self._connections().connection() as conn:
             cursor = conn.execute(sql, params, prepare=True)
             return cursor.fetchall() if cursor.description is not None else []
+
+    def _insert(self, first: str, again: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Send ``first`` (plain inserts); if a row it inserts is there already, ``again``.
+
+        A unique violation aborts the whole statement, so nothing of ``first`` is kept.
+        """
+        from psycopg.errors import UniqueViolation
+
+        try:
+            return self._execute(first, params)
+        except UniqueViolation:
+            if first == again:
+                raise
+            return self._execute(again, params)
 
     def close(self) -> None:
         """Release every thread this saver holds, stop renewing, close the pool."""
@@ -340,7 +357,8 @@ class PostgresThreadSaver(SaverForms):
                 tips[(thread_id, ns, channel)] = (str(version), list(value))
         seen = self._seen_latest.get((thread_id, ns))
         check = seen is not None and parent in seen
-        rows = self._execute(
+        rows = self._insert(
+            PUT_NEW,
             PUT,
             {
                 "thread_id": thread_id,
@@ -401,14 +419,9 @@ class PostgresThreadSaver(SaverForms):
             return
         token = self._held(thread_id)
         special = all(item[0] < 0 for item in encoded)
-        conflict = (
-            "UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, data = EXCLUDED.data, "
-            "task_path = EXCLUDED.task_path"
-            if special
-            else "NOTHING"
-        )
-        rows = self._execute(
-            PUT_WRITES.format(conflict=conflict),
+        rows = self._insert(
+            PUT_WRITES if special else PUT_WRITES_NEW,
+            PUT_WRITES if special else PUT_WRITES_KEPT,
             {
                 "thread_id": thread_id,
                 "token": token,
