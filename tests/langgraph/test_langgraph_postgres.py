@@ -303,6 +303,7 @@ def test_a_checkpoint_or_a_write_put_again_goes_as_before_and_a_first_put_is_one
         saver.put_writes(stored, [("__interrupt__", "asked again")], "task")
         found = saver.get_tuple(stored)
         assert found is not None
+        assert found.pending_writes is not None
         assert sorted((c, v) for _, c, v in found.pending_writes) == [
             ("__interrupt__", "asked again"),
             ("notes", "first"),
