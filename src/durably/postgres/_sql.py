@@ -37,6 +37,7 @@ __all__ = [
     "cursor_of",
     "fetchone",
     "saving",
+    "tuples",
 ]
 
 CREATE = """
@@ -297,3 +298,15 @@ def cursor_of(conn: AsyncConnection[Any]) -> AsyncCursor[tuple[Any, ...]]:
         cursor = conn.cursor(row_factory=tuple_row)
         setattr(conn, _CURSOR, cursor)
     return cursor
+
+
+def tuples(conn: AsyncConnection[Any]) -> AsyncCursor[tuple[Any, ...]]:
+    """A new cursor on ``conn`` whose rows are tuples, whatever the pool's row factory.
+
+    For the statements sent now and then (claims, listings, migrations); the frequent
+    ones use :func:`cursor_of`. A new cursor lets go of its rows with itself, where a
+    kept one would hold a big result (a listing, a state) until its next statement.
+    """
+    from psycopg.rows import tuple_row
+
+    return conn.cursor(row_factory=tuple_row)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import DurablyError
 from ..listing import Listing, RunSummary, summarize
+from . import _sql
 from .schema import QUEUED
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ async def list_summaries(store: PostgresStore) -> Listing:
     """Every run of ``store`` (queued ones too), from the summary columns, by run ID."""
 
     async def select(conn: AsyncConnection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        cursor = await conn.execute(_SUMMARIES)
+        cursor = await _sql.tuples(conn).execute(_SUMMARIES)
         return await cursor.fetchall()
 
     rows = await store.execute(select, what="listing runs", writes=False)
@@ -183,8 +184,8 @@ async def heartbeat(
     }
 
     async def upsert(conn: AsyncConnection[tuple[Any, ...]]) -> None:
-        await conn.execute(_HEARTBEAT, params)
-        await conn.execute(_FORGET_DEAD)
+        await _sql.tuples(conn).execute(_HEARTBEAT, params)
+        await _sql.tuples(conn).execute(_FORGET_DEAD)
 
     await store.execute(upsert, what="recording the worker's heartbeat")
 
@@ -193,7 +194,7 @@ async def retire(store: PostgresStore) -> None:
     """Remove this worker's row: it serves nothing any more."""
 
     async def delete(conn: AsyncConnection[tuple[Any, ...]]) -> None:
-        await conn.execute(_RETIRE, {"owner": store.owner})
+        await _sql.tuples(conn).execute(_RETIRE, {"owner": store.owner})
 
     await store.execute(delete, what="removing the worker's row")
 
@@ -202,7 +203,7 @@ async def live_workers(store: PostgresStore, *, agent: str | None = None) -> lis
     """The workers whose heartbeat is live (serving ``agent``, if given), oldest first."""
 
     async def select(conn: AsyncConnection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        cursor = await conn.execute(_LIVE, {"agent": agent})
+        cursor = await _sql.tuples(conn).execute(_LIVE, {"agent": agent})
         return await cursor.fetchall()
 
     rows = await store.execute(select, what="listing workers", writes=False)
@@ -241,7 +242,7 @@ async def queued_run(store: PostgresStore, run_id: str) -> QueuedRun | None:
     """The queued run ``run_id``, or None if there is no such queued run."""
 
     async def select(conn: AsyncConnection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-        cursor = await conn.execute(_QUEUED, {"run_id": run_id})
+        cursor = await _sql.tuples(conn).execute(_QUEUED, {"run_id": run_id})
         return await cursor.fetchone()
 
     row = await store.execute(select, what=f"reading run {run_id!r}", writes=False)

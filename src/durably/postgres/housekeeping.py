@@ -74,7 +74,7 @@ async def cancel(store: _Store, run_id: str) -> CancelOutcome:
             if phase in (Phase.DONE, Phase.CANCELLED):
                 return CancelOutcome.FINISHED
             if held:
-                await conn.execute(_sql.CANCEL_ASK, {"run_id": run_id})
+                await _sql.tuples(conn).execute(_sql.CANCEL_ASK, {"run_id": run_id})
                 return CancelOutcome.REQUESTED
             if phase == QUEUED:
                 state = RunState(
@@ -87,7 +87,7 @@ async def cancel(store: _Store, run_id: str) -> CancelOutcome:
             else:
                 # Read under the row's lock, in a statement of its own: it sees every
                 # save that committed before the lock was taken, and none can land after.
-                cursor = await conn.execute(_sql.READ, {"run_ids": [run_id]})
+                cursor = await _sql.tuples(conn).execute(_sql.READ, {"run_ids": [run_id]})
                 found = await cursor.fetchone()
                 if found is None:
                     return None
@@ -96,7 +96,7 @@ async def cancel(store: _Store, run_id: str) -> CancelOutcome:
                 seq = stored.seq
             state.cancel()
             state.saved_at = utcnow()
-            await conn.execute(
+            await _sql.tuples(conn).execute(
                 _sql.CANCEL_NOW,
                 {
                     "run_id": run_id,
@@ -129,11 +129,11 @@ async def prune(
     params = {"older_than": older_than, "now": now, "batch": batch}
 
     async def delete(conn: AsyncConnection[tuple[Any, ...]]) -> list[str]:
-        cursor = await conn.execute(_sql.PRUNE, params)
+        cursor = await _sql.tuples(conn).execute(_sql.PRUNE, params)
         return [str(row[0]) for row in await cursor.fetchall()]
 
     async def owned(conn: AsyncConnection[tuple[Any, ...]]) -> list[str]:
-        cursor = await conn.execute(_sql.PRUNE_OWNED, params)
+        cursor = await _sql.tuples(conn).execute(_sql.PRUNE_OWNED, params)
         return [str(row[0]) for row in await cursor.fetchall()]
 
     pruned: list[str] = []

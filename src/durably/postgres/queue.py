@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunExists
 from ..keys import validate_run_id
 from ..state import RunState
+from . import _sql
 from .store import PostgresRun, PostgresStore, Stored
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ async def enqueue(store: PostgresStore, *, run_id: str, agent: str, task: str) -
     params = {"run_id": run_id, "agent": agent, "task": task}
 
     async def insert(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
-        cursor = await conn.execute(_ENQUEUE, params)
+        cursor = await _sql.tuples(conn).execute(_ENQUEUE, params)
         return await cursor.fetchone() is not None
 
     if not await store.execute(insert, what=f"submitting run {run_id!r}", run_id=run_id):
@@ -126,7 +127,7 @@ async def claim(store: PostgresStore, *, agents: Sequence[str], limit: int) -> l
     params = {"agents": list(agents), "limit": limit, "owner": store.owner, "lease": store.lease}
 
     async def update(conn: AsyncConnection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        cursor = await conn.execute(RUNS_TO_CLAIM, params)
+        cursor = await _sql.tuples(conn).execute(RUNS_TO_CLAIM, params)
         return await cursor.fetchall()
 
     rows = await store.execute(update, what="claiming runs")
@@ -167,7 +168,7 @@ async def park(handle: PostgresRun, reason: str) -> bool:
     params = {"run_id": handle.run_id, "token": handle.token, "reason": reason[:2000]}
 
     async def update(conn: AsyncConnection[tuple[Any, ...]]) -> int:
-        cursor = await conn.execute(_PARK, params)
+        cursor = await _sql.tuples(conn).execute(_PARK, params)
         return cursor.rowcount
 
     rows = await handle.store.execute(update, what="parking", run_id=handle.run_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointTooNew
+from ._sql import tuples
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -232,24 +233,24 @@ async def migrate(conn: AsyncConnection[tuple[Any, ...]], *, where: str) -> None
     if not conn.autocommit:
         await conn.commit()
     # Fast path: an up-to-date schema needs no lock.
-    cursor = await conn.execute("SELECT to_regclass('durably_schema') IS NOT NULL")
+    cursor = await tuples(conn).execute("SELECT to_regclass('durably_schema') IS NOT NULL")
     exists = await cursor.fetchone()
     if exists is not None and exists[0]:
-        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+        cursor = await tuples(conn).execute("SELECT coalesce(max(version), 0) FROM durably_schema")
         row = await cursor.fetchone()
         if row is not None and int(row[0]) == latest:
             return
     async with conn.transaction():
         # Transaction-scoped: released at commit or rollback, or when this process
         # dies; never a session lock that a pooled connection would keep.
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-        await conn.execute(
+        await tuples(conn).execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        await tuples(conn).execute(
             "CREATE TABLE IF NOT EXISTS durably_schema ("
             " version int PRIMARY KEY,"
             " description text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM durably_schema")
+        cursor = await tuples(conn).execute("SELECT coalesce(max(version), 0) FROM durably_schema")
         found = await cursor.fetchone()
         current = int(found[0]) if found is not None else 0
         if current > latest:
@@ -257,8 +258,8 @@ async def migrate(conn: AsyncConnection[tuple[Any, ...]], *, where: str) -> None
         for step in MIGRATIONS:
             if step.version <= current:
                 continue
-            await conn.execute(step.sql)
-            await conn.execute(
+            await tuples(conn).execute(step.sql)
+            await tuples(conn).execute(
                 "INSERT INTO durably_schema (version, description) VALUES (%s, %s)",
                 (step.version, step.description),
             )

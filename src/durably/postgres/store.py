@@ -111,7 +111,8 @@ class PostgresStore:
         renew_every: how often open handles renew their lease (default: a third
             of ``lease``).
         pool: a ``psycopg_pool.AsyncConnectionPool`` to use instead of the
-            store's own; the caller opens and closes it.
+            store's own; the caller opens and closes it. Any row factory will do
+            (the store reads tuples on cursors of its own); autocommit is faster.
     """
 
     def __init__(
@@ -262,7 +263,7 @@ class PostgresStore:
         """The IDs of every started run, sorted (queued runs have no state yet)."""
 
         async def select(conn: AsyncConnection[tuple[Any, ...]]) -> list[str]:
-            cursor = await conn.execute(_sql.LIST)
+            cursor = await _sql.tuples(conn).execute(_sql.LIST)
             return [str(row[0]) for row in await cursor.fetchall()]
 
         return sorted(await self._connections.run(select, what="listing runs", writes=False))
@@ -336,7 +337,7 @@ class PostgresStore:
         """
 
         async def select(conn: AsyncConnection[tuple[Any, ...]]) -> dict[str, Stored]:
-            cursor = await conn.execute(_sql.READ, {"run_ids": list(run_ids)})
+            cursor = await _sql.tuples(conn).execute(_sql.READ, {"run_ids": list(run_ids)})
             rows = await cursor.fetchall()
             return {str(row[0]): Stored.from_row(row[1:]) for row in rows if row[1] is not None}
 
