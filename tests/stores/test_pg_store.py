@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from _pg_sql import run, sql
@@ -169,6 +170,53 @@ def test_a_renewal_that_finds_the_lease_taken_stops_the_next_save(pg_dsn: str) -
 
     run(pg_dsn, scenario, lease=1.0)
     assert sql(pg_dsn, "SELECT owner FROM durably_runs") == [("thief",)]
+
+
+def test_the_leases_of_one_store_are_renewed_together_and_a_taken_one_alone_is_lost(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty open runs of one store renew in one statement a period, not twenty; a run taken
+    over meanwhile is lost to its handle, and the nineteen others are kept.
+    """
+    from durably.postgres import _lease
+
+    batches: list[int] = []
+    send = _lease.Renewals._send  # noqa: SLF001 -- counting the statements renewals send
+
+    async def counted(self: _lease.Renewals, due: list[Any]) -> None:
+        batches.append(len(due))
+        await send(self, due)
+
+    monkeypatch.setattr(_lease.Renewals, "_send", counted)
+    runs = [f"r{n:02d}" for n in range(20)]
+
+    async def scenario(store: PostgresStore) -> None:
+        handles = [await store.create(state_a(run_id)) for run_id in runs]
+        batches.clear()
+        renewals = store.stats.renewals
+        await asyncio.sleep(4 * store.renew_every.total_seconds())
+        # Each period's renewals went together (a period that began while the runs were
+        # being created may have split in two).
+        assert len(batches) >= 3
+        assert sum(batches) == store.stats.renewals - renewals
+        assert max(batches) == 20
+        assert len(batches) <= sum(batches) / 20 + 1
+        sql(pg_dsn, "UPDATE durably_runs SET token = token + 1 WHERE run_id = 'r07'")
+        for _ in range(100):
+            if handles[7].lost:
+                break
+            await asyncio.sleep(0.05)
+        assert handles[7].lost is not None
+        with pytest.raises(durably.LeaseLost):
+            await handles[7].save(state_b("r07"))
+        await asyncio.sleep(4 * store.renew_every.total_seconds())  # well past one lease
+        for handle in handles[:7] + handles[8:]:
+            assert handle.lost is None
+            await handle.save(state_b(handle.run_id))
+        for handle in handles:
+            await handle.close()
+
+    run(pg_dsn, scenario, lease=1.2)
 
 
 def test_close_frees_the_lease_for_another_owner_at_once(pg_dsn: str) -> None:

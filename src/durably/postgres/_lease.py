@@ -13,16 +13,24 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LeaseLost, SaveFailed
+from ..errors import LeaseLost, SaveFailed, StoreUnavailable
 from . import _sql
-from ._sql import fetchone
+from ._sql import cursor_of, fetchone
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
     from ._connection import Connections
 
-__all__ = ["CURRENT_LEASE", "Lease", "LeaseKeeper", "current_lease", "default_owner", "lost_how"]
+__all__ = [
+    "CURRENT_LEASE",
+    "Lease",
+    "LeaseKeeper",
+    "Renewals",
+    "current_lease",
+    "default_owner",
+    "lost_how",
+]
 
 log = logging.getLogger("durably.store")
 
@@ -90,6 +98,83 @@ def lost_how(row: tuple[Any, ...] | None, token: int, why: str, me: str) -> str:
     )
 
 
+class Renewals:
+    """The renewals of one store's leases: those that come due together go in one statement.
+
+    Every keeper of a store renews on the same instants (each period of the store's
+    clock grid, :meth:`LeaseKeeper.next_renewal`), so a worker's hundred leases come due
+    in one turn of the event loop and cost one ``UPDATE`` and one commit
+    (:data:`~durably.postgres._sql.RENEW`), not a hundred. Each row is renewed on its
+    own condition, as a lone renewal is.
+
+    Args:
+        connections: the store's pool and retrying sender.
+    """
+
+    def __init__(self, connections: Connections) -> None:
+        self.connections = connections
+        self._due: list[tuple[Lease, float, asyncio.Future[bool]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def renew(self, lease: Lease, until: float) -> bool:
+        """Renew ``lease`` with the others due now; whether the database renewed it.
+
+        Args:
+            lease: the lease to renew.
+            until: its keeper's deadline: a broken connection is retried until the
+                earliest deadline of the leases sent together.
+
+        Raises:
+            SaveFailed, StoreUnavailable: the database could not be reached in time.
+        """
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[bool] = loop.create_future()
+        if not self._due:
+            # After every keeper woken in this turn of the loop has joined.
+            loop.call_soon(self._send_due)
+        self._due.append((lease, until, outcome))
+        return await outcome
+
+    def _send_due(self) -> None:
+        due = [entry for entry in self._due if not entry[2].done()]  # not cancelled meanwhile
+        self._due = []
+        if due:
+            task = asyncio.create_task(self._send(due), name="durably-renew-leases")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, due: list[tuple[Lease, float, asyncio.Future[bool]]]) -> None:
+        # One row order for every statement: two that share rows lock them alike.
+        due.sort(key=lambda entry: entry[0].run_id)
+        params = {
+            "run_ids": [lease.run_id for lease, _, _ in due],
+            "tokens": [lease.token for lease, _, _ in due],
+            "lease": self.connections.lease,
+        }
+
+        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> set[str]:
+            cursor = await cursor_of(conn).execute(_sql.RENEW, params)
+            return {str(row[0]) for row in await cursor.fetchall()}
+
+        lone = due[0][0].run_id if len(due) == 1 else "-"
+        try:
+            renewed = await self.connections.run(
+                update, what="renewing the lease", run_id=lone, until=min(u for _, u, _ in due)
+            )
+        except asyncio.CancelledError:
+            for _, _, outcome in due:
+                outcome.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to each keeper, which judges it
+            for _, _, outcome in due:
+                if not outcome.done():
+                    outcome.set_exception(exc)
+            return
+        for lease, _, outcome in due:
+            if not outcome.done():
+                outcome.set_result(lease.run_id in renewed)
+
+
 class LeaseKeeper:
     """One handle's hold on its run's lease: renewed every period until it stops, or is lost.
 
@@ -104,6 +189,7 @@ class LeaseKeeper:
         lease: the handle's lease (it lasts ``connections.lease``).
         every: how often it is renewed.
         deadline: when the lease taken (or last renewed) surely runs out.
+        renewals: the store's renewals, which this keeper's join.
     """
 
     def __init__(
@@ -113,8 +199,10 @@ class LeaseKeeper:
         *,
         every: timedelta,
         deadline: float,
+        renewals: Renewals,
     ) -> None:
         self.connections = connections
+        self.renewals = renewals
         self.lease = lease
         self.every = every
         self.deadline = deadline
@@ -191,17 +279,21 @@ class LeaseKeeper:
             # Nothing depends on it: the lease runs out on its own.
             log.warning("run %s: could not free its lease (%s); it expires by itself", run_id, exc)
 
+    def next_renewal(self) -> float:
+        """Seconds to the next renewal: the next instant of the store's grid of periods.
+
+        Every keeper of a store renews on the same instants, so the renewals due go
+        together (:class:`Renewals`); a keeper's first renewal may come sooner than a
+        period after its lease was taken, never later.
+        """
+        every = self.every.total_seconds()
+        return every - time.monotonic() % every
+
     async def _renew_forever(self) -> None:
         run_id = self.lease.run_id
-        length = self.connections.lease
-        every, seconds = self.every.total_seconds(), length.total_seconds()
-        params = {"run_id": run_id, "token": self.lease.token, "lease": length}
-
-        async def update(conn: AsyncConnection[tuple[Any, ...]]) -> bool:
-            return await fetchone(conn, _sql.RENEW, params) is not None
-
+        seconds = self.connections.lease.total_seconds()
         while self.lost is None:
-            await asyncio.sleep(every)
+            await asyncio.sleep(self.next_renewal())
             sent = time.monotonic()
             if sent >= self.deadline:
                 self.mark_lost("the lease ran out before it could be renewed")
@@ -211,10 +303,8 @@ class LeaseKeeper:
                 # restart until the lease runs out: an outage shorter than what is left
                 # of the lease costs nothing. A renewal that lands after the lease ran
                 # out changes nothing (it is conditional).
-                renewed = await self.connections.run(
-                    update, what="renewing the lease", run_id=run_id, until=self.deadline
-                )
-            except SaveFailed as exc:  # retries off, or the lease is all but out
+                renewed = await self.renewals.renew(self.lease, self.deadline)
+            except (SaveFailed, StoreUnavailable) as exc:  # retries off, or all but out
                 log.info("run %s: renewal failed (%s); trying again", run_id, exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - not a connection problem: the lease cannot be trusted

@@ -155,10 +155,13 @@ that landed, each with whether ``durably cancel`` asked its owner to stop. A sav
 :data:`SAVE_CHANGE` writes one."""
 
 RENEW = """
-UPDATE durably_runs SET expires_at = now() + %(lease)s
-WHERE run_id = %(run_id)s AND token = %(token)s AND expires_at > now()
-RETURNING token
+UPDATE durably_runs AS r SET expires_at = now() + %(lease)s
+FROM unnest(%(run_ids)s::text[], %(tokens)s::bigint[]) AS v(run_id, token)
+WHERE r.run_id = v.run_id AND r.token = v.token AND r.expires_at > now()
+RETURNING r.run_id
 """
+"""Renew the leases of several runs in one statement and one commit, each row on its own
+condition (its token, an unexpired lease); the result names the runs renewed."""
 
 RELEASE = """
 UPDATE durably_runs SET expires_at = NULL

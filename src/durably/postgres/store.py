@@ -56,7 +56,14 @@ from ..state import RunState, utcnow
 from . import _sql
 from ._connection import Connections, StoreStats
 from ._groupcommit import GroupCommit
-from ._lease import CURRENT_LEASE, Lease, LeaseKeeper, current_lease, default_owner
+from ._lease import (
+    CURRENT_LEASE,
+    Lease,
+    LeaseKeeper,
+    Renewals,
+    current_lease,
+    default_owner,
+)
 from ._rows import Stored, decoded
 from ._sql import STORED, fetchone
 from .schema import MIGRATIONS
@@ -148,6 +155,7 @@ class PostgresStore:
             dsn, where=self._where, lease=lease, stats=self.stats, pool=pool
         )
         self._group = GroupCommit(self._connections)
+        self._renewals = Renewals(self._connections)
 
     # -- the Store protocol ------------------------------------------------------------
 
@@ -405,6 +413,7 @@ class PostgresRun:
             self.lease,
             every=store.renew_every,
             deadline=deadline,
+            renewals=store._renewals,  # noqa: SLF001 -- as above
         )
         """The lease as this handle keeps it: deadline, renewal, and why it was lost."""
         self._sealer = Sealer()
