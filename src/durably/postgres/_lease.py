@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import os
 import secrets
 import socket
@@ -101,9 +102,9 @@ def lost_how(row: tuple[Any, ...] | None, token: int, why: str, me: str) -> str:
 class Renewals:
     """The renewals of one store's leases: those that come due together go in one statement.
 
-    Every keeper of a store renews on the same instants (each period of the store's
-    clock grid, :meth:`LeaseKeeper.next_renewal`), so a worker's hundred leases come due
-    in one turn of the event loop and cost one ``UPDATE`` and one commit
+    Every keeper of a store renews on the instants of one grid, half a period apart
+    (:meth:`LeaseKeeper.first_renewal`), so a worker's hundred leases come due in at
+    most two turns of the event loop a period and cost one ``UPDATE`` and one commit each
     (:data:`~durably.postgres._sql.RENEW`), not a hundred. Each row is renewed on its
     own condition, as a lone renewal is.
 
@@ -279,22 +280,36 @@ class LeaseKeeper:
             # Nothing depends on it: the lease runs out on its own.
             log.warning("run %s: could not free its lease (%s); it expires by itself", run_id, exc)
 
-    def next_renewal(self) -> float:
-        """Seconds to the next renewal: the next instant of the store's grid of periods.
+    def first_renewal(self, now: float) -> float:
+        """When the first renewal is due (``time.monotonic()``): an instant of the store's grid.
 
-        Every keeper of a store renews on the same instants, so the renewals due go
-        together (:class:`Renewals`); a keeper's first renewal may come sooner than a
-        period after its lease was taken, never later.
+        The grid's instants are half a period apart, the same for every keeper of a
+        store, so the renewals due go together (:class:`Renewals`): a worker's leases
+        fall in two cohorts at most, two statements a period. The first renewal comes
+        between half a period and a period after the lease was taken, never later than
+        a period (as before the grid) and never sooner than half of one, so a lease just
+        taken is not renewed at once; the next ones, :meth:`next_renewal`.
         """
-        every = self.every.total_seconds()
-        return every - time.monotonic() % every
+        half = self.every.total_seconds() / 2
+        return math.ceil((now + half) / half) * half
+
+    def next_renewal(self, due: float, sent: float) -> float:
+        """When the renewal after one due at ``due`` and sent at ``sent`` is due.
+
+        A period on when it was sent on time; after a late wake-up (a loaded machine)
+        the grid's first instant at least half a period on, so renewals are never
+        more than a period apart however late one was.
+        """
+        return max(due + self.every.total_seconds(), self.first_renewal(sent))
 
     async def _renew_forever(self) -> None:
         run_id = self.lease.run_id
         seconds = self.connections.lease.total_seconds()
+        due = self.first_renewal(time.monotonic())
         while self.lost is None:
-            await asyncio.sleep(self.next_renewal())
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             sent = time.monotonic()
+            due = self.next_renewal(due, sent)
             if sent >= self.deadline:
                 self.mark_lost("the lease ran out before it could be renewed")
                 return
