@@ -27,7 +27,7 @@ from _pg_sql import sql
 
 import durably
 from _helpers.patience import stretched
-from _helpers.samples import state_a
+from _helpers.samples import state_a, state_b, without_saved_at
 from durably.postgres import PostgresStore, queue, submit
 from durably.postgres.fleet import heartbeat
 
@@ -366,6 +366,35 @@ def test_runs_go_on_through_a_server_restart_and_a_dead_worker_is_taken_over(
 
 
 # -- stopping and cleaning up --------------------------------------------------------------
+
+
+def test_a_save_begun_in_an_outage_lands_once_the_server_is_back_not_at_the_pools_next_try(
+    own_cluster: Cluster, own_dsn: str
+) -> None:
+    """psycopg_pool tries to reconnect 1, 2, 4, 8 s apart (each within 10%), and gives up
+    one lease after its first try: down for 17 s, its next try comes 27 s after that first
+    try, at least a second after the 27 s lease, taken a second before the outage, ran
+    out. A save begun as the server went down lands once it is back, on a connection of
+    its own, and the lease holds; without the bypass it waits for the pool and fails.
+    A slow stop and start, up to about 7 s together, still leave the save time.
+    """
+
+    async def scenario() -> tuple[durably.RunState | None, int]:
+        async with PostgresStore(own_dsn, lease=timedelta(seconds=27)) as store:
+            handle = await store.create(state_a("o1"))
+            await asyncio.sleep(1)
+            await asyncio.to_thread(own_cluster.halt)
+            saving = asyncio.create_task(handle.save(state_b("o1")))
+            await asyncio.sleep(17)
+            await asyncio.to_thread(own_cluster.resume)
+            await saving
+            await handle.close()
+            return await store.read("o1"), store.stats.bypassed
+
+    saved, bypassed = asyncio.run(scenario())
+    assert saved is not None
+    assert without_saved_at(saved) == state_b("o1")
+    assert bypassed >= 1
 
 
 def test_a_cancelled_queued_run_is_never_claimed_and_an_owned_one_stops_after_its_save(

@@ -32,6 +32,8 @@ _T = TypeVar("_T")
 
 _RETRY_FIRST = 0.02
 _RETRY_MAX = 0.5
+_POOL_PATIENCE = 1.0
+"""Seconds a statement waits for the pool before it asks whether the pool is reconnecting."""
 
 OWN_POOL_SIZE = 10
 """Connections in the pool a store opens for itself (one passed in has its own size)."""
@@ -56,6 +58,8 @@ class StoreStats:
     """Saves sent in one statement with other runs' saves (group commit), landed or fenced."""
     snapshots: int = 0
     """Saves the database accepted that wrote the whole state (the others wrote a change)."""
+    bypassed: int = 0
+    """Statements sent on a connection of their own while the pool was still reconnecting."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -94,6 +98,18 @@ class Connections:
         self._owns_pool = pool is None
         self._migrated = False
         self._setup = asyncio.Lock()
+        self._bypass = asyncio.Lock()
+        self._pool_errors = 0
+
+    @property
+    def _kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every connection of the store's own pool is made with."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if "application_name" not in conninfo_to_dict(self.dsn):
+            kwargs["application_name"] = "durably"
+        return kwargs
 
     @property
     def max_size(self) -> int:
@@ -118,16 +134,12 @@ class Connections:
         async with self._setup:
             if self.pool is None:
                 from psycopg import AsyncConnection
-                from psycopg.conninfo import conninfo_to_dict
                 from psycopg_pool import AsyncConnectionPool
 
-                kwargs: dict[str, Any] = {"autocommit": True}
-                if "application_name" not in conninfo_to_dict(self.dsn):
-                    kwargs["application_name"] = "durably"
                 pool: Pool = AsyncConnectionPool(
                     self.dsn,
                     connection_class=AsyncConnection,
-                    kwargs=kwargs,
+                    kwargs=self._kwargs,
                     min_size=1,
                     max_size=OWN_POOL_SIZE,
                     # Give up a failing reconnection soon: the next request starts a new
@@ -279,16 +291,68 @@ class Connections:
     ) -> _T:
         """One try of :meth:`run`'s operation on a pooled connection."""
         pool = self.pool if self._migrated and self.pool is not None else await self.connect()
-        timeout = max(0.05, deadline - time.monotonic())
         # getconn and putconn, not pool.connection(): its exit commits, which for
         # these autocommit statements does nothing but costs CPU on every save
         # (docs/design.md, "A save's own CPU"). putconn still discards or resets a
         # connection an error left broken or in a transaction.
-        conn = await pool.getconn(timeout=timeout)
+        conn = await self._pooled(pool, deadline)
+        if conn is None:
+            return await self._bypassing(operation, deadline)
         try:
-            if conn.autocommit:
-                return await operation(conn)
-            async with conn.transaction():
-                return await operation(conn)
+            return await self._send(conn, operation)
         finally:
             await pool.putconn(conn)
+
+    async def _pooled(self, pool: Pool, deadline: float) -> AsyncConnection[Any] | None:
+        """A connection of the pool; None when the pool is reconnecting but the server is up.
+
+        After an outage psycopg_pool tries to reconnect 1, 2, 4, 8... seconds apart, so
+        its next try may come up to twice the outage after the server went down, later
+        than a lease. A statement waits for the pool a second at a time; when the pool
+        has failed to connect since it last handed one over, the statement goes on a
+        connection of its own (:meth:`_bypassing`) rather than wait for the backoff.
+        Only the store's own pool is bypassed: a caller's pool may configure its
+        connections (a role, a search path) in ways a bare connection would miss.
+        """
+        from psycopg_pool import PoolTimeout
+
+        waited = False
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                conn = await pool.getconn(timeout=max(0.05, min(remaining, _POOL_PATIENCE)))
+            except PoolTimeout:
+                if remaining <= _POOL_PATIENCE or not self._owns_pool:
+                    raise
+                waited = True
+                if pool.get_stats().get("connections_errors", 0) != self._pool_errors:
+                    return None
+                continue
+            if waited:
+                self._pool_errors = pool.get_stats().get("connections_errors", 0)
+            return conn
+
+    async def _bypassing(
+        self,
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+        deadline: float,
+    ) -> _T:
+        """The operation on a connection of its own, one such connection at a time."""
+        from psycopg import AsyncConnection
+
+        async with self._bypass:
+            wait = max(1, min(5, int(deadline - time.monotonic())))
+            conn = await AsyncConnection.connect(self.dsn, connect_timeout=wait, **self._kwargs)
+            async with conn:
+                self.stats.bypassed += 1
+                return await self._send(conn, operation)
+
+    @staticmethod
+    async def _send(
+        conn: AsyncConnection[Any],
+        operation: Callable[[AsyncConnection[tuple[Any, ...]]], Awaitable[_T]],
+    ) -> _T:
+        if conn.autocommit:
+            return await operation(conn)
+        async with conn.transaction():
+            return await operation(conn)
